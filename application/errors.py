@@ -1,0 +1,57 @@
+"""Application errors: a use case could not be carried out.
+
+Each has a stable ``code``; the interface maps them (and the domain's) to
+statuses and exit codes in one place. The tree::
+
+    ApplicationError
+    ├── SessionNotFound          (404)
+    ├── ConcurrentModification   (409) a conflict persisted after one reload and retry
+    ├── LeaseLost                (409) this process no longer owns the turn
+    ├── InvalidNamespace         (422)
+    └── DatabaseUnavailable      (503)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApplicationError(Exception):
+    """Base of the application's own errors."""
+
+    code = "application_error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra: dict[str, Any] = extra
+
+
+class SessionNotFound(ApplicationError):
+    """No session with that id exists in this namespace."""
+
+    code = "session_not_found"
+
+
+class ConcurrentModification(ApplicationError):
+    """Another writer changed the session, and the command still conflicted after a retry."""
+
+    code = "concurrent_modification"
+
+
+class LeaseLost(ApplicationError):
+    """This process lost ownership of a turn (its lease or claim is gone)."""
+
+    code = "lease_lost"
+
+
+class InvalidNamespace(ApplicationError):
+    """The namespace is not a valid identifier; nothing was sent to the database."""
+
+    code = "invalid_namespace"
+
+
+class DatabaseUnavailable(ApplicationError):
+    """PostgreSQL could not be reached."""
+
+    code = "database_unavailable"

@@ -1,0 +1,192 @@
+"""The agent loop: run one turn, step by step, each step durably recorded.
+
+claim → request → ModelReplied → for each tool call: ToolCallStarted
+(committed) → run the tool → ToolCallSucceeded/Failed (committed) → next
+request … → TurnCompleted. Slow work (the model, a tool) never runs inside a
+database transaction: every save is its own short transaction.
+
+The loop asks ``domain.progress.next_step`` what to do, so a turn resumed
+after a crash takes exactly the step an uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+from uuid import UUID
+
+from application.errors import ConcurrentModification, LeaseLost
+from application.providers import ModelReply, ProviderError, ProviderRegistry
+from application.sessions import Sessions
+from application.tools import ToolContext, ToolError, ToolRegistry
+from domain import errors as domain_errors
+from domain.progress import Action, next_step
+from domain.request import next_request
+from domain.session import Session
+from domain.turns import Effect, Turn
+
+T = TypeVar("T")
+log = logging.getLogger("turnlog.execution")
+
+
+class LeaseCheck(Protocol):
+    """Something that raises LeaseLost when this process no longer owns the turn."""
+
+    def check(self) -> None: ...
+
+
+class Unleased:
+    """For callers that fence by claim alone (tests, single-process tools)."""
+
+    def check(self) -> None:
+        return None
+
+
+@dataclass
+class Executor:
+    """Runs turns in this process on behalf of one worker id."""
+
+    sessions: Sessions
+    providers: ProviderRegistry
+    tools: ToolRegistry
+    worker_id: str
+    sandbox_root: Path
+    max_steps: int = 8
+
+    def run_turn(self, session_id: UUID, turn_id: str, lease: LeaseCheck | None = None) -> Turn:
+        """Claim the turn and run it until it completes, fails or is interrupted."""
+        lease = lease or Unleased()
+        lease.check()
+        claim, _, session = self.sessions.update_session(
+            session_id, lambda s: s.claim_turn(turn_id, self.worker_id)
+        )
+        log.info("claimed turn", extra={"session_id": str(session_id), "turn_id": turn_id})
+        while True:
+            turn = session.turn(turn_id)
+            step = next_step(session, turn, self.max_steps)
+            if step.action is Action.WAIT:
+                return turn
+            session = self._take(
+                session, turn, claim, step.action, step.call_id, step.reason, lease
+            )
+
+    def _take(
+        self,
+        session: Session,
+        turn: Turn,
+        claim: int,
+        action: Action,
+        call_id: str,
+        reason: str,
+        lease: LeaseCheck,
+    ) -> Session:
+        tid = turn.turn_id
+        if action is Action.CALL_MODEL:
+            return self._call_model(session, tid, claim)
+        if action in (Action.RUN_TOOL, Action.RERUN_TOOL):
+            return self._run_tool(session, tid, claim, call_id, lease)
+        if action is Action.COMPLETE:
+            text = turn.steps[-1].text
+            return self._write(session, claim, lambda s: s.complete_turn(tid, claim, text))
+        if action is Action.FAIL:
+            return self._write(session, claim, lambda s: s.fail_turn(tid, claim, reason))
+        if action is Action.INTERRUPT:
+            # Only recovery interrupts; our own claim never leaves an unsafe call
+            # in flight between steps, so reaching this means our state is stale.
+            raise LeaseLost(f"turn {tid} has an unsafe call in flight from another owner")
+        raise AssertionError(f"unhandled action {action}")
+
+    def _call_model(self, session: Session, turn_id: str, claim: int) -> Session:
+        request = next_request(session)
+        try:
+            reply = self.providers.get(session.provider).complete(request)
+        except ProviderError as exc:
+            reason = f"provider error: {exc}"
+            return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+        problem = self._reply_problem(session, reply)
+
+        def record(s: Session) -> None:
+            try:
+                s.record_model_reply(turn_id, claim, reply.text, reply.tool_calls, reply.usage)
+            except (domain_errors.DuplicateToolCall, domain_errors.InvalidInput) as exc:
+                s.fail_turn(turn_id, claim, f"invalid model reply: {exc.detail}")
+                return
+            if problem:
+                s.fail_turn(turn_id, claim, problem)
+            elif not reply.tool_calls:
+                s.complete_turn(turn_id, claim, reply.text)
+
+        return self._write(session, claim, record)
+
+    def _reply_problem(self, session: Session, reply: ModelReply) -> str:
+        """Why a reply cannot be carried out (an unknown tool), or ''."""
+        for call in reply.tool_calls:
+            name = str(call.get("name", ""))
+            allowed = not session.tools or name in session.tools
+            if self.tools.get(name) is None or not allowed:
+                return f"the model asked for unknown tool {name!r}"
+        return ""
+
+    def _run_tool(
+        self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
+    ) -> Session:
+        call = session.call(call_id)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            reason = f"tool {call.name!r} is not available in this process"
+            return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+        effect = Effect(call.effect) if call.effect else tool.spec.effect
+        attempt, _, session = self._write_result(
+            session,
+            claim,
+            lambda s: s.start_tool_call(turn_id, claim, call_id, self.worker_id, effect) + 1,
+        )
+        # The intent is committed. Check ownership once more right before the
+        # side effect: a worker that lost its lease while paused must not act.
+        lease.check()
+        outcome, value = self._invoke(tool, call.arguments, session, call_id, attempt)
+        if outcome == "succeeded":
+            return self._write(
+                session,
+                claim,
+                lambda s: s.record_tool_succeeded(turn_id, claim, call_id, attempt, value),
+            )
+        return self._write(
+            session,
+            claim,
+            lambda s: s.record_tool_failed(turn_id, claim, call_id, attempt, str(value)),
+        )
+
+    def _invoke(
+        self, tool: Any, arguments: dict[str, Any], session: Session, call_id: str, attempt: int
+    ) -> tuple[str, Any]:
+        sandbox = self.sandbox_root / str(session.id)
+        sandbox.mkdir(parents=True, exist_ok=True)
+        context = ToolContext(str(session.id), call_id, attempt, sandbox)
+        try:
+            result = tool.run(arguments, context)
+            # Results are stored as JSON: anything else is rendered as text.
+            return "succeeded", json.loads(json.dumps(result, default=str))
+        except ToolError as exc:
+            return "failed", str(exc)
+        except Exception as exc:  # a tool's own bug is that call's failure
+            log.warning("tool raised", exc_info=True, extra={"call_id": call_id})
+            return "failed", f"{type(exc).__name__}: {exc}"
+
+    def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
+        return self._write_result(session, claim, decide)[2]
+
+    def _write_result(
+        self, session: Session, claim: int, decide: Callable[[Session], T]
+    ) -> tuple[T, Any, Session]:
+        """Save a fenced step; a stale claim or a lost race means we no longer own the turn."""
+        try:
+            return self.sessions.update_session(session.id, decide, current=session)
+        except (domain_errors.StaleClaim, ConcurrentModification) as exc:
+            raise LeaseLost(f"turn ownership lost (claim {claim}): {exc}") from None
+        except domain_errors.InvalidTransition as exc:
+            raise LeaseLost(f"turn changed under us (claim {claim}): {exc.detail}") from None

@@ -1,0 +1,105 @@
+"""Recovery: what to do with an open turn whose owner may be gone.
+
+The rules (DESIGN §5), decided from the stored events alone:
+
+- owner holds the lease → leave it alone;
+- interrupted → leave it: an operator must abandon it or resolve its calls;
+- queued → start it;
+- running, no call in flight → resume (a model call has no side effect);
+- running, a read_only/idempotent call in flight → re-run it (same call id,
+  attempt + 1, bounded);
+- running, a side_effecting call in flight → interrupt: its outcome is
+  unknown, and nothing runs until an operator acts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from domain.progress import Action, next_step
+from domain.session import Session
+from domain.turns import Turn, TurnState
+
+
+class Decision(StrEnum):
+    START = "start"
+    RESUME = "resume"
+    RERUN = "re-run"
+    INTERRUPT = "interrupt"
+    FAIL = "fail"
+    LEAVE_OWNER_ALIVE = "leave: owner alive"
+    LEAVE_FOR_OPERATOR = "leave: waiting for an operator"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision for one open turn, with what it concerns."""
+
+    session_id: str
+    turn_id: str
+    state: str
+    decision: Decision
+    call_id: str = ""
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "turn_id": self.turn_id,
+            "state": self.state,
+            "decision": str(self.decision),
+            "call_id": self.call_id,
+            "detail": self.detail,
+        }
+
+
+def decide(session: Session, turn: Turn, owner_alive: bool, max_steps: int) -> Verdict:
+    """The recovery decision for an open turn."""
+
+    def verdict(decision: Decision, call_id: str = "", detail: str = "") -> Verdict:
+        return Verdict(str(session.id), turn.turn_id, str(turn.state), decision, call_id, detail)
+
+    if owner_alive:
+        return verdict(
+            Decision.LEAVE_OWNER_ALIVE, detail=f"held by {turn.worker_id or 'a live process'}"
+        )
+    if turn.state is TurnState.INTERRUPTED:
+        unknown = ", ".join(c.call_id for c in session.unknown_calls(turn))
+        return verdict(Decision.LEAVE_FOR_OPERATOR, detail=f"unknown calls: {unknown}")
+    if turn.state is TurnState.QUEUED:
+        return verdict(Decision.START)
+    step = next_step(session, turn, max_steps)
+    if step.action is Action.INTERRUPT:
+        call = session.call(step.call_id)
+        return verdict(
+            Decision.INTERRUPT, call.call_id, f"{call.name} ({call.effect}) was in flight"
+        )
+    if step.action is Action.RERUN_TOOL:
+        call = session.call(step.call_id)
+        return verdict(Decision.RERUN, call.call_id, f"{call.name} attempt {call.attempt + 1}")
+    if step.action is Action.FAIL:
+        return verdict(Decision.FAIL, step.call_id, step.reason)
+    return verdict(Decision.RESUME)
+
+
+def summarize(verdicts: list[Verdict]) -> str:
+    """One line such as '3 open turns: 1 resumed, 1 re-run, 1 interrupted'."""
+    if not verdicts:
+        return "0 open turns"
+    words = {
+        Decision.START: "started",
+        Decision.RESUME: "resumed",
+        Decision.RERUN: "re-run",
+        Decision.INTERRUPT: "interrupted",
+        Decision.FAIL: "failed",
+        Decision.LEAVE_OWNER_ALIVE: "left to a live owner",
+        Decision.LEAVE_FOR_OPERATOR: "waiting for an operator",
+    }
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[words[v.decision]] = counts.get(words[v.decision], 0) + 1
+    parts = ", ".join(f"{n} {w}" for w, n in counts.items())
+    noun = "turn" if len(verdicts) == 1 else "turns"
+    return f"{len(verdicts)} open {noun}: {parts}"

@@ -1,0 +1,98 @@
+"""Use cases that span the application's parts: send a message, recover, continue.
+
+``Runtime`` holds the process's one ``Sessions`` application, its executor
+and the database handle; the interface builds it once (interface/bootstrap).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from application.database import Database
+from application.errors import LeaseLost
+from application.execution import Executor
+from application.leases import Lease
+from application.recovery import Decision, Verdict, decide
+from application.sessions import Sessions, Submitted, Written
+from application.settings import Settings
+from domain.turns import Turn
+
+log = logging.getLogger("turnlog.runtime")
+
+
+@dataclass
+class Sent:
+    """The outcome of sending a message: the submission, the finished turn, recovery done first."""
+
+    submitted: Submitted
+    turn: Turn
+    recovered: Verdict | None
+
+
+@dataclass
+class Runtime:
+    """The application as one process uses it."""
+
+    settings: Settings
+    db: Database
+    sessions: Sessions
+    executor: Executor
+
+    def send(self, session_id: UUID, message: str, idempotency_key: str = "") -> Sent:
+        """Submit a message and run its turn here, after recovering an orphaned turn.
+
+        Holding the session's lease first means: if another live process owns
+        the session, the submission is refused as a turn in progress; if the
+        previous owner died, its turn is recovered before anything new starts.
+        """
+        self.sessions.get_session(session_id)  # not found → refused before any lock
+        lease = Lease.try_acquire(self.db, self.settings.namespace, session_id)
+        if lease is None:
+            submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
+            return Sent(
+                submitted, self.sessions.get_session(session_id).turn(submitted.turn_id), None
+            )
+        with lease:
+            recovered = self.recover(session_id, lease)
+            submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
+            turn = self.sessions.get_session(session_id).turn(submitted.turn_id)
+            if submitted.created or turn.state.is_open:
+                turn = self.executor.run_turn(session_id, submitted.turn_id, lease)
+            return Sent(submitted, turn, recovered)
+
+    def recover(self, session_id: UUID, lease: Lease) -> Verdict | None:
+        """Act on the session's open turn, whose owner is gone since we hold the lease."""
+        session = self.sessions.get_session(session_id)
+        turn = session.open_turn
+        if turn is None:
+            return None
+        verdict = decide(session, turn, owner_alive=False, max_steps=self.executor.max_steps)
+        log.info("recovery: %s", verdict.decision, extra=verdict.as_dict())
+        if verdict.decision is Decision.INTERRUPT:
+            previous = turn.worker_id
+            self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous))
+        elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
+            self.executor.run_turn(session_id, turn.turn_id, lease)
+        return verdict
+
+    def continue_session(self, session_id: UUID) -> Verdict | None:
+        """Take the lease and recover or resume whatever turn is open (after a resolve)."""
+        lease = Lease.try_acquire(self.db, self.settings.namespace, session_id)
+        if lease is None:
+            raise LeaseLost(f"session {session_id} is owned by a live process")
+        with lease:
+            return self.recover(session_id, lease)
+
+    def abandon_turn(self, session_id: UUID, turn_id: str, reason: str, actor: str) -> Written:
+        return self.sessions.abandon_turn(session_id, turn_id, reason, actor)
+
+    def resolve_tool_call(
+        self, session_id: UUID, call_id: str, outcome: str, result: Any, note: str, actor: str
+    ) -> tuple[Turn, Written]:
+        return self.sessions.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
+
+    def close(self) -> None:
+        self.sessions.close()

@@ -1,0 +1,74 @@
+"""Typed settings, read from ``TURNLOG_*`` environment variables.
+
+The interface builds one ``Settings`` at start-up and passes it down; nothing
+reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+NAMESPACE_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+class Settings(BaseSettings):
+    """Everything a turnlog process can be configured with."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNLOG_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL URL. Unset: an embedded server in DATA_DIR/pg.",
+    )
+    namespace: str = Field(
+        default="default",
+        description="Namespace; stored in the schema turnlog_<namespace>.",
+    )
+    data_dir: Path = Field(
+        default=Path(".turnlog"),
+        description="Embedded database, tool sandboxes and other local state.",
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="Bearer token required on /v1 routes when set."
+    )
+    provider: str = Field(default="fixture", description="Default model provider.")
+    openai_base_url: str = Field(
+        default="https://api.openai.com/v1", description="OpenAI-compatible endpoint."
+    )
+    openai_api_key: SecretStr | None = Field(default=None, description="Key for that endpoint.")
+    model: str = Field(default="fixture-1", description="Default model name.")
+    max_steps: int = Field(default=8, ge=1, le=100, description="Model calls per turn.")
+    snapshot_interval: int = Field(
+        default=100, ge=2, description="Take a snapshot every N events of a session."
+    )
+    log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    pool_size: int = Field(default=2, ge=1, description="Connections opened per pool.")
+    pool_max_overflow: int = Field(default=8, ge=0, description="Extra connections per pool.")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_identifier(cls, value: str) -> str:
+        check_namespace(value)
+        return value
+
+    @property
+    def schema_name(self) -> str:
+        return f"turnlog_{self.namespace}"
+
+    @property
+    def sandbox_root(self) -> Path:
+        return self.data_dir.resolve() / "sandboxes" / self.namespace
+
+
+def check_namespace(value: str) -> None:
+    """Refuse a namespace that is not a short lowercase identifier."""
+    if not isinstance(value, str) or not NAMESPACE_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"invalid namespace {value!r}: use a lowercase letter followed by up to 39 "
+            "lowercase letters, digits or underscores"
+        )

@@ -1,0 +1,212 @@
+"""Tools behind one port, with effect classes, and the built-in tools.
+
+A tool's effect class decides recovery: ``read_only`` and ``idempotent``
+tools are run again when their owner died mid-call; ``side_effecting`` ones
+(the default) are never repeated behind anyone's back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from domain.turns import Effect
+
+MAX_SLEEP_SECONDS = 300.0
+
+
+class ToolError(Exception):
+    """The tool refused its arguments or failed; recorded as ToolCallFailed."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool gets besides its arguments."""
+
+    session_id: str
+    call_id: str  # also the idempotency key of the call
+    attempt: int
+    sandbox: Path
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool's declaration: what the model sees and how recovery treats it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    effect: Effect = Effect.SIDE_EFFECTING
+
+
+class Tool(Protocol):
+    """Something the model can call."""
+
+    @property
+    def spec(self) -> ToolSpec: ...
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any: ...
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A tool implemented by a Python function."""
+
+    spec: ToolSpec
+    function: Callable[[dict[str, Any], ToolContext], Any] = field(repr=False)
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        check_arguments(self.spec, arguments)
+        return self.function(arguments, context)
+
+
+class ToolRegistry:
+    """The tools a process can run, by name."""
+
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.add(tool)
+
+    def add(self, tool: Tool) -> None:
+        if tool.spec.name in self._tools:
+            raise ValueError(f"tool {tool.spec.name!r} is declared twice")
+        self._tools[tool.spec.name] = tool
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def specs(self, names: Sequence[str] = ()) -> list[ToolSpec]:
+        chosen = names or self.names()
+        return [self._tools[n].spec for n in chosen if n in self._tools]
+
+
+_JSON_TYPES: Mapping[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+}
+
+
+def check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> None:
+    """Check arguments against the (flat) JSON schema of a tool's parameters."""
+    properties: dict[str, Any] = spec.parameters.get("properties", {})
+    for name in spec.parameters.get("required", []):
+        if name not in arguments:
+            raise ToolError(f"{spec.name}: missing required argument {name!r}")
+    for name, value in arguments.items():
+        if name not in properties:
+            if spec.parameters.get("additionalProperties", True) is False:
+                raise ToolError(f"{spec.name}: unexpected argument {name!r}")
+            continue
+        expected = properties[name].get("type")
+        types = _JSON_TYPES.get(expected, (object,)) if isinstance(expected, str) else (object,)
+        is_bool = isinstance(value, bool)
+        if not isinstance(value, types) or (is_bool and expected in ("integer", "number")):
+            raise ToolError(f"{spec.name}: argument {name!r} must be of type {expected}")
+
+
+def _echo(arguments: dict[str, Any], context: ToolContext) -> Any:
+    return arguments
+
+
+def _sleep(arguments: dict[str, Any], context: ToolContext) -> Any:
+    seconds = float(arguments.get("seconds", 0))
+    if not 0 <= seconds <= MAX_SLEEP_SECONDS:
+        raise ToolError(f"sleep: seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+def sandbox_path(sandbox: Path, relative: str) -> Path:
+    """Resolve ``relative`` inside ``sandbox``, refusing anything that escapes it."""
+    if not relative or "\x00" in relative or Path(relative).is_absolute():
+        raise ToolError("path must be a non-empty relative path inside the sandbox")
+    root = sandbox.resolve()
+    target = (root / relative).resolve()
+    if target != root and root not in target.parents:
+        raise ToolError(f"path {relative!r} escapes the session's sandbox")
+    if target == root:
+        raise ToolError("path must name a file inside the sandbox")
+    return target
+
+
+def _append_file(arguments: dict[str, Any], context: ToolContext) -> Any:
+    delay = float(arguments.get("delay_seconds", 0))
+    if not 0 <= delay <= MAX_SLEEP_SECONDS:
+        raise ToolError(f"append_file: delay_seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
+    target = sandbox_path(context.sandbox, str(arguments["path"]))
+    text = str(arguments["text"])
+    # The delay comes before the write, so a test can kill the worker mid-call
+    # and prove the write happened at most once.
+    time.sleep(delay)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = text if text.endswith("\n") else text + "\n"
+    with target.open("a", encoding="utf-8") as handle:
+        handle.write(line)
+    return {"path": str(target.relative_to(context.sandbox.resolve())), "bytes": len(line.encode())}
+
+
+def _object(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
+
+
+def builtin_tools() -> list[Tool]:
+    """echo (read_only), sleep (read_only) and append_file (side_effecting)."""
+    return [
+        FunctionTool(
+            ToolSpec(
+                "echo",
+                "Return the arguments unchanged.",
+                {"type": "object", "properties": {"text": {"type": "string"}}},
+                Effect.READ_ONLY,
+            ),
+            _echo,
+        ),
+        FunctionTool(
+            ToolSpec(
+                "sleep",
+                "Wait for a number of seconds, then return.",
+                _object({"seconds": {"type": "number"}}, ["seconds"]),
+                Effect.READ_ONLY,
+            ),
+            _sleep,
+        ),
+        FunctionTool(
+            ToolSpec(
+                "append_file",
+                "Append a line of text to a file in the session's sandbox, after a delay.",
+                _object(
+                    {
+                        "path": {"type": "string"},
+                        "text": {"type": "string"},
+                        "delay_seconds": {"type": "number"},
+                    },
+                    ["path", "text"],
+                ),
+                Effect.SIDE_EFFECTING,
+            ),
+            _append_file,
+        ),
+    ]
+
+
+def result_summary(value: Any, limit: int = 200) -> str:
+    """A short JSON rendering of a tool result, for tables and logs."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,75 @@
+"""Plain-data views of a session rebuilt from its events (for the CLI and HTTP)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from domain.session import Session
+from domain.turns import ToolCall, Turn
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def describe_call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "step": call.step,
+        "state": str(call.state),
+        "effect": call.effect,
+        "attempt": call.attempt,
+        "worker_id": call.worker_id,
+        "started_at": _iso(call.started_at),
+        "finished_at": _iso(call.finished_at),
+        "result": call.result,
+        "error": call.error,
+        "outcome": call.outcome,
+        "note": call.note,
+        "actor": call.actor,
+    }
+
+
+def describe_turn(session: Session, turn: Turn) -> dict[str, Any]:
+    return {
+        "turn_id": turn.turn_id,
+        "state": str(turn.state),
+        "message": turn.message,
+        "reply": turn.reply,
+        "error": turn.error,
+        "idempotency_key": turn.idempotency_key,
+        "submitted_at": _iso(turn.submitted_at),
+        "state_since": _iso(turn.state_since),
+        "claim": turn.claim,
+        "worker_id": turn.worker_id,
+        "previous_worker": turn.previous_worker,
+        "reason": turn.reason,
+        "actor": turn.actor,
+        "steps": [
+            {"step": s.step, "text": s.text, "call_ids": list(s.call_ids), "usage": s.usage}
+            for s in turn.steps
+        ],
+        "tool_calls": [describe_call(c) for c in session.calls_of(turn)],
+        "unknown_call_ids": [c.call_id for c in session.unknown_calls(turn)],
+    }
+
+
+def describe_session(session: Session) -> dict[str, Any]:
+    return {
+        "session_id": str(session.id),
+        "title": session.title,
+        "status": session.status,
+        "provider": session.provider,
+        "model": session.model,
+        "tools": list(session.tools),
+        "metadata": session.metadata,
+        "created_by": session.created_by,
+        "created_at": _iso(session.created_on),
+        "last_activity_at": _iso(session.modified_on),
+        "version": session.version,
+        "closed": session.closed,
+        "turns": [describe_turn(session, t) for t in session.turns],
+    }

@@ -1,0 +1,62 @@
+"""What a turn needs next, decided from the session's state alone.
+
+The agent loop and recovery both ask this question; keeping the answer pure
+means a resumed turn takes exactly the step an uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from domain.session import Session
+from domain.turns import MAX_TOOL_ATTEMPTS, Effect, Turn, TurnState
+
+
+class Action(StrEnum):
+    """The next thing to do for a running turn."""
+
+    CALL_MODEL = "call_model"
+    RUN_TOOL = "run_tool"  # a requested call that has not started
+    RERUN_TOOL = "rerun_tool"  # a safe call whose attempt never reported
+    INTERRUPT = "interrupt"  # an unsafe call whose attempt never reported
+    COMPLETE = "complete"
+    FAIL = "fail"
+    WAIT = "wait"  # nothing to do: the turn is not running (queued, finished, interrupted)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The action, the call it concerns (if any) and a reason for failures."""
+
+    action: Action
+    call_id: str = ""
+    reason: str = ""
+
+
+def next_step(session: Session, turn: Turn, max_steps: int) -> NextStep:
+    """Decide the next step of a running turn whose previous owner is gone or is us."""
+    if turn.state is not TurnState.RUNNING:
+        return NextStep(Action.WAIT)
+    in_flight = session.in_flight_calls(turn)
+    unsafe = [c for c in in_flight if not Effect(c.effect).safe_to_repeat]
+    if unsafe:
+        return NextStep(Action.INTERRUPT, unsafe[0].call_id)
+    if in_flight:
+        call = in_flight[0]
+        if call.attempt >= MAX_TOOL_ATTEMPTS:
+            return NextStep(
+                Action.FAIL,
+                call.call_id,
+                f"tool call {call.call_id} ({call.name}) did not report after "
+                f"{call.attempt} attempts",
+            )
+        return NextStep(Action.RERUN_TOOL, call.call_id)
+    pending = session.pending_calls(turn)
+    if pending:
+        return NextStep(Action.RUN_TOOL, pending[0].call_id)
+    if turn.steps and not turn.steps[-1].call_ids:
+        return NextStep(Action.COMPLETE)
+    if len(turn.steps) >= max_steps:
+        return NextStep(Action.FAIL, reason=f"step limit reached ({max_steps} model calls)")
+    return NextStep(Action.CALL_MODEL)

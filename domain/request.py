@@ -1,0 +1,97 @@
+"""The pure function from a session to the next model request.
+
+Every tool call the model ever made is answered in the request, so a
+provider's rule that each call has a result always holds: calls whose
+outcome is unknown or was given up get an explicit placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from domain.session import Session
+from domain.turns import CallState, ToolCall, TurnState
+
+PLACEHOLDER_UNKNOWN = "outcome unknown: the worker running this call stopped before it reported"
+PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of a model request (system, user, assistant or tool)."""
+
+    role: str
+    content: str
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """Everything a provider needs to produce the next reply."""
+
+    provider: str
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[str, ...] = field(default_factory=tuple)
+
+
+def tool_result_text(call: ToolCall) -> str:
+    """The content of the tool message that answers ``call``."""
+    if call.state is CallState.SUCCEEDED:
+        return _as_json(call.result)
+    if call.state is CallState.FAILED:
+        return f"error: {call.error}"
+    if call.state is CallState.RESOLVED:
+        prefix = "" if call.outcome == "succeeded" else "error: "
+        return f"{prefix}{_as_json(call.result)} (outcome recorded by operator: {call.note})"
+    if call.state is CallState.ABANDONED:
+        return PLACEHOLDER_ABANDONED
+    return PLACEHOLDER_UNKNOWN
+
+
+def next_request(session: Session) -> ModelRequest:
+    """Build the provider request from the session's state alone."""
+    messages: list[Message] = []
+    if session.system_prompt:
+        messages.append(Message("system", session.system_prompt))
+    for turn in session.turns:
+        messages.append(Message("user", turn.message))
+        for step in turn.steps:
+            calls = [session.calls[c] for c in step.call_ids]
+            messages.append(
+                Message(
+                    "assistant",
+                    step.text,
+                    tool_calls=tuple(
+                        {"call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+                        for c in calls
+                    ),
+                )
+            )
+            for call in calls:
+                messages.append(
+                    Message(
+                        "tool", tool_result_text(call), tool_call_id=call.call_id, name=call.name
+                    )
+                )
+        if turn.state is TurnState.COMPLETED and not _reply_is_last_step(turn.reply, turn.steps):
+            messages.append(Message("assistant", turn.reply))
+    return ModelRequest(
+        provider=session.provider,
+        model=session.model,
+        messages=tuple(messages),
+        tools=tuple(session.tools),
+    )
+
+
+def _reply_is_last_step(reply: str, steps: list[Any]) -> bool:
+    """A completed turn's reply is normally its last step's text, already included."""
+    return bool(steps) and not steps[-1].call_ids and steps[-1].text == reply
+
+
+def _as_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)

@@ -1,0 +1,636 @@
+"""The Session aggregate: one agent conversation as an event stream.
+
+Public methods check the rules and compute what to record; nested event
+classes record it. An event's ``apply`` re-runs on every replay, so it uses
+only its own fields and the aggregate's state, never the clock or I/O.
+Every event class has an explicit, versioned topic so that stored events do
+not depend on module paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, cast
+from uuid import UUID, uuid4
+
+from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Snapshot as LibrarySnapshot
+from eventsourcing.utils import register_topic
+
+from domain import errors
+from domain.turns import (
+    MAX_MESSAGE_BYTES,
+    MAX_TOOL_ATTEMPTS,
+    CallState,
+    Effect,
+    Step,
+    ToolCall,
+    Turn,
+    TurnState,
+    require_text,
+)
+
+RESOLVE_OUTCOMES = ("succeeded", "failed")
+
+
+class Session(Aggregate):
+    """An agent session: its settings, its turns and their tool calls."""
+
+    TOPIC = "turnlog.session.Session.v1"
+
+    class Event(Aggregate.Event):
+        """Base class of the session's events."""
+
+    class Snapshot(LibrarySnapshot):
+        """A session's state at a version, so loading skips the events before it."""
+
+        TOPIC = "turnlog.session.Snapshot.v1"
+
+    class Created(Aggregate.Created):
+        """Unused library base; sessions start with SessionStarted."""
+
+        TOPIC = "turnlog.session.Created.v1"
+
+    class SessionStarted(Created):
+        TOPIC = "turnlog.session.SessionStarted.v1"
+        title: str
+        system_prompt: str
+        provider: str
+        model: str
+        tools: list[str]
+        metadata: dict[str, Any]
+        created_by: str
+
+    def __init__(
+        self,
+        title: str,
+        system_prompt: str,
+        provider: str,
+        model: str,
+        tools: list[str],
+        metadata: dict[str, Any],
+        created_by: str,
+    ) -> None:
+        self.title = title
+        self.system_prompt = system_prompt
+        self.provider = provider
+        self.model = model
+        self.tools = list(tools)
+        self.metadata = dict(metadata)
+        self.created_by = created_by
+        self.closed = False
+        self.close_reason = ""
+        self.turns: list[Turn] = []
+        self.calls: dict[str, ToolCall] = {}
+        self.idempotency_keys: dict[str, str] = {}
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        title: str = "",
+        system_prompt: str = "",
+        provider: str = "fixture",
+        model: str = "",
+        tools: Sequence[str] = (),
+        metadata: dict[str, Any] | None = None,
+        created_by: str = "",
+        session_id: UUID | None = None,
+    ) -> Session:
+        """Start a new session."""
+        return cls._create(
+            cls.SessionStarted,
+            id=session_id or uuid4(),
+            title=title,
+            system_prompt=system_prompt,
+            provider=provider,
+            model=model,
+            tools=list(tools),
+            metadata=dict(metadata or {}),
+            created_by=created_by,
+        )
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def last_turn(self) -> Turn | None:
+        return self.turns[-1] if self.turns else None
+
+    @property
+    def open_turn(self) -> Turn | None:
+        """The turn that is queued, running or interrupted, if any."""
+        last = self.last_turn
+        return last if last is not None and last.state.is_open else None
+
+    @property
+    def status(self) -> str:
+        """idle, busy, blocked (an interrupted turn) or closed."""
+        if self.closed:
+            return "closed"
+        turn = self.open_turn
+        if turn is None:
+            return "idle"
+        return "blocked" if turn.state is TurnState.INTERRUPTED else "busy"
+
+    def turn(self, turn_id: str) -> Turn:
+        for turn in self.turns:
+            if turn.turn_id == turn_id:
+                return turn
+        raise errors.TurnNotFound(f"turn {turn_id} not found in session {self.id}")
+
+    def call(self, call_id: str) -> ToolCall:
+        try:
+            return self.calls[call_id]
+        except KeyError:
+            raise errors.ToolCallNotFound(
+                f"tool call {call_id} not found in session {self.id}"
+            ) from None
+
+    def calls_of(self, turn: Turn) -> list[ToolCall]:
+        return [self.calls[c] for c in turn.call_ids]
+
+    def unknown_calls(self, turn: Turn) -> list[ToolCall]:
+        return [c for c in self.calls_of(turn) if c.state is CallState.UNKNOWN]
+
+    def in_flight_calls(self, turn: Turn) -> list[ToolCall]:
+        return [c for c in self.calls_of(turn) if c.in_flight]
+
+    def pending_calls(self, turn: Turn) -> list[ToolCall]:
+        return [c for c in self.calls_of(turn) if c.state is CallState.PENDING]
+
+    # ----------------------------------------------------------------- commands
+
+    def submit_turn(self, message: str, idempotency_key: str = "") -> tuple[Turn, bool]:
+        """Queue a user message as a new turn; returns (turn, created).
+
+        A key already used in this session returns the turn it created.
+        """
+        if idempotency_key and idempotency_key in self.idempotency_keys:
+            turn = self.turn(self.idempotency_keys[idempotency_key])
+            if turn.message != message:
+                raise errors.IdempotencyKeyReused(
+                    "this idempotency key was used for a different message"
+                )
+            return turn, False
+        check_message(message)
+        self._require_open()
+        self._require_no_open_turn()
+        self.trigger_event(
+            self.TurnSubmitted,
+            turn_id=str(uuid4()),
+            message=message,
+            idempotency_key=idempotency_key,
+        )
+        return self.turns[-1], True
+
+    def claim_turn(self, turn_id: str, worker_id: str) -> int:
+        """Take ownership of a queued turn, or of a running one whose owner is gone."""
+        turn = self.turn(turn_id)
+        if turn.state not in (TurnState.QUEUED, TurnState.RUNNING):
+            raise errors.InvalidTransition(f"turn {turn_id} is {turn.state}, it cannot be claimed")
+        self.trigger_event(
+            self.TurnClaimed, turn_id=turn_id, worker_id=worker_id, claim=turn.claim + 1
+        )
+        return turn.claim
+
+    def record_model_reply(
+        self,
+        turn_id: str,
+        claim: int,
+        text: str,
+        tool_calls: Sequence[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+    ) -> Step:
+        """Record one reply of the model, with the tool calls it asks for."""
+        turn = self._claimed(turn_id, claim)
+        if any(not c.settled for c in self.calls_of(turn)):
+            raise errors.InvalidTransition("the previous step still has unsettled tool calls")
+        seen: set[str] = set()
+        for call in tool_calls:
+            call_id = str(call.get("call_id", ""))
+            if not call_id or call_id in self.calls or call_id in seen:
+                raise errors.DuplicateToolCall(f"tool call id {call_id!r} is empty or already used")
+            if not isinstance(call.get("arguments"), dict):
+                raise errors.InvalidInput(f"tool call {call_id} arguments must be an object")
+            seen.add(call_id)
+        calls = [
+            {
+                "call_id": str(c["call_id"]),
+                "name": str(c.get("name", "")),
+                "arguments": c["arguments"],
+            }
+            for c in tool_calls
+        ]
+        self.trigger_event(
+            self.ModelReplied,
+            turn_id=turn_id,
+            step=len(turn.steps) + 1,
+            text=text,
+            tool_calls=calls,
+            usage=dict(usage or {}),
+        )
+        return turn.steps[-1]
+
+    def start_tool_call(
+        self, turn_id: str, claim: int, call_id: str, worker_id: str, effect: Effect
+    ) -> int:
+        """Record the intent to run a tool call, before it runs; returns the attempt."""
+        turn = self._claimed(turn_id, claim)
+        call = self._call_of(turn, call_id)
+        if call.state is CallState.STARTED:
+            # Only a safe tool may run again, and only a bounded number of times.
+            if not Effect(call.effect).safe_to_repeat:
+                raise errors.InvalidTransition(
+                    f"tool call {call_id} is side-effecting and already started; it cannot re-run"
+                )
+            if call.attempt >= MAX_TOOL_ATTEMPTS:
+                raise errors.InvalidTransition(f"tool call {call_id} has used all its attempts")
+        elif call.state is not CallState.PENDING:
+            raise errors.InvalidTransition(f"tool call {call_id} is {call.state}")
+        self.trigger_event(
+            self.ToolCallStarted,
+            turn_id=turn_id,
+            call_id=call_id,
+            attempt=call.attempt + 1,
+            worker_id=worker_id,
+            claim=claim,
+            effect=str(effect),
+        )
+        return call.attempt
+
+    def record_tool_succeeded(
+        self, turn_id: str, claim: int, call_id: str, attempt: int, result: Any
+    ) -> None:
+        """Record the result a tool returned."""
+        self._running_attempt(turn_id, claim, call_id, attempt)
+        self.trigger_event(
+            self.ToolCallSucceeded, turn_id=turn_id, call_id=call_id, attempt=attempt, result=result
+        )
+
+    def record_tool_failed(
+        self, turn_id: str, claim: int, call_id: str, attempt: int, error: str
+    ) -> None:
+        """Record the error a tool raised."""
+        self._running_attempt(turn_id, claim, call_id, attempt)
+        self.trigger_event(
+            self.ToolCallFailed, turn_id=turn_id, call_id=call_id, attempt=attempt, error=error
+        )
+
+    def complete_turn(self, turn_id: str, claim: int, reply: str) -> None:
+        """Record the final reply of a turn."""
+        turn = self._claimed(turn_id, claim)
+        if any(not c.settled for c in self.calls_of(turn)):
+            raise errors.InvalidTransition("a turn with unsettled tool calls cannot complete")
+        self.trigger_event(self.TurnCompleted, turn_id=turn_id, reply=reply)
+
+    def fail_turn(self, turn_id: str, claim: int, error: str) -> None:
+        """Record that a turn ended in a known failure (provider error, step limit, bad tool)."""
+        turn = self._claimed(turn_id, claim)
+        if any(c.in_flight and not Effect(c.effect).safe_to_repeat for c in self.calls_of(turn)):
+            raise errors.InvalidTransition(
+                "a turn with a side-effecting call in flight cannot be marked failed"
+            )
+        self.trigger_event(self.TurnFailed, turn_id=turn_id, error=error)
+
+    def interrupt_turn(self, turn_id: str, previous_worker: str) -> list[str]:
+        """Record that the owner died inside unsafe tool calls: their outcome is unknown."""
+        turn = self.turn(turn_id)
+        if turn.state is not TurnState.RUNNING:
+            raise errors.InvalidTransition(f"turn {turn_id} is {turn.state}, not running")
+        unsafe = [
+            c.call_id for c in self.in_flight_calls(turn) if not Effect(c.effect).safe_to_repeat
+        ]
+        if not unsafe:
+            raise errors.InvalidTransition(f"turn {turn_id} has no unsafe call in flight")
+        self.trigger_event(
+            self.TurnInterrupted, turn_id=turn_id, call_ids=unsafe, previous_worker=previous_worker
+        )
+        return unsafe
+
+    def resolve_tool_call(
+        self, call_id: str, outcome: str, result: Any, note: str, actor: str
+    ) -> Turn:
+        """Record the real outcome of an unknown call, as an operator found it."""
+        call = self.call(call_id)
+        if outcome not in RESOLVE_OUTCOMES:
+            raise errors.InvalidOperatorAction("outcome must be 'succeeded' or 'failed'")
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        note = require_text(note, "note", errors.InvalidOperatorAction)
+        if call.state is not CallState.UNKNOWN:
+            raise errors.InvalidTransition(
+                f"tool call {call_id} is {call.state}; only an unknown call can be resolved"
+            )
+        self.trigger_event(
+            self.ToolCallResolved,
+            turn_id=call.turn_id,
+            call_id=call_id,
+            outcome=outcome,
+            result=result,
+            note=note,
+            actor=actor,
+        )
+        return self.turn(call.turn_id)
+
+    def abandon_turn(self, turn_id: str, reason: str, actor: str) -> list[str]:
+        """Give up an interrupted turn; its unknown calls stay unknown forever."""
+        turn = self.turn(turn_id)
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        reason = require_text(reason, "reason", errors.InvalidOperatorAction)
+        if turn.state is not TurnState.INTERRUPTED:
+            raise errors.InvalidTransition(
+                f"turn {turn_id} is {turn.state}; only an interrupted turn can be abandoned"
+            )
+        unknown = [c.call_id for c in self.unknown_calls(turn)]
+        self.trigger_event(
+            self.TurnAbandoned, turn_id=turn_id, reason=reason, actor=actor, call_ids=unknown
+        )
+        return unknown
+
+    def close(self, reason: str, actor: str) -> None:
+        """Close the session: it takes no more turns."""
+        self._require_open()
+        self._require_no_open_turn()
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        self.trigger_event(self.SessionClosed, reason=reason, actor=actor)
+
+    # ------------------------------------------------------------------ checks
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise errors.SessionClosed(f"session {self.id} is closed")
+
+    def _require_no_open_turn(self) -> None:
+        turn = self.open_turn
+        if turn is None:
+            return
+        if turn.state is TurnState.INTERRUPTED:
+            calls = [describe_unknown_call(c) for c in self.unknown_calls(turn)]
+            names = ", ".join(f"{c['call_id']} ({c['name']})" for c in calls)
+            raise errors.UnresolvedTurn(
+                f"turn {turn.turn_id} is interrupted with tool calls of unknown outcome: "
+                f"{names}; abandon the turn or resolve each call first",
+                turn_id=turn.turn_id,
+                unknown_calls=calls,
+            )
+        raise errors.TurnInProgress(
+            f"turn {turn.turn_id} is still {turn.state}", turn_id=turn.turn_id
+        )
+
+    def _claimed(self, turn_id: str, claim: int) -> Turn:
+        """The turn, if ``claim`` is its current claim and it is running (fencing)."""
+        turn = self.turn(turn_id)
+        if turn.state is not TurnState.RUNNING:
+            raise errors.InvalidTransition(f"turn {turn_id} is {turn.state}, not running")
+        if turn.claim != claim or not turn.worker_id:
+            raise errors.StaleClaim(
+                f"claim {claim} on turn {turn_id} is not current (current: {turn.claim})"
+            )
+        return turn
+
+    def _call_of(self, turn: Turn, call_id: str) -> ToolCall:
+        call = self.call(call_id)
+        if call.turn_id != turn.turn_id:
+            raise errors.ToolCallNotFound(f"tool call {call_id} is not part of turn {turn.turn_id}")
+        return call
+
+    def _running_attempt(self, turn_id: str, claim: int, call_id: str, attempt: int) -> ToolCall:
+        call = self._call_of(self._claimed(turn_id, claim), call_id)
+        if call.state is not CallState.STARTED or call.attempt != attempt:
+            raise errors.InvalidTransition(
+                f"tool call {call_id} attempt {attempt} is not the one in flight"
+            )
+        return call
+
+    # ------------------------------------------------------------------ events
+
+    class TurnSubmitted(Event):
+        TOPIC = "turnlog.session.TurnSubmitted.v1"
+        turn_id: str
+        message: str
+        idempotency_key: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            s.turns.append(
+                Turn(
+                    turn_id=self.turn_id,
+                    message=self.message,
+                    idempotency_key=self.idempotency_key,
+                    submitted_at=self.timestamp,
+                    state_since=self.timestamp,
+                )
+            )
+            if self.idempotency_key:
+                s.idempotency_keys[self.idempotency_key] = self.turn_id
+
+    class TurnClaimed(Event):
+        TOPIC = "turnlog.session.TurnClaimed.v1"
+        turn_id: str
+        worker_id: str
+        claim: int
+
+        def apply(self, aggregate: Any) -> None:
+            turn = cast(Session, aggregate).turn(self.turn_id)
+            _move(turn, TurnState.RUNNING, self.timestamp)
+            turn.claim = self.claim
+            turn.worker_id = self.worker_id
+
+    class ModelReplied(Event):
+        TOPIC = "turnlog.session.ModelReplied.v1"
+        turn_id: str
+        step: int
+        text: str
+        tool_calls: list[dict[str, Any]]
+        usage: dict[str, Any]
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            turn = s.turn(self.turn_id)
+            ids = [c["call_id"] for c in self.tool_calls]
+            turn.steps.append(Step(self.step, self.text, ids, dict(self.usage)))
+            for c in self.tool_calls:
+                s.calls[c["call_id"]] = ToolCall(
+                    call_id=c["call_id"],
+                    name=c["name"],
+                    arguments=c["arguments"],
+                    turn_id=self.turn_id,
+                    step=self.step,
+                )
+                turn.call_ids.append(c["call_id"])
+
+    class ToolCallStarted(Event):
+        TOPIC = "turnlog.session.ToolCallStarted.v1"
+        turn_id: str
+        call_id: str
+        attempt: int
+        worker_id: str
+        claim: int
+        effect: str
+
+        def apply(self, aggregate: Any) -> None:
+            call = cast(Session, aggregate).calls[self.call_id]
+            call.state = CallState.STARTED
+            call.attempt = self.attempt
+            call.worker_id = self.worker_id
+            call.claim = self.claim
+            call.effect = self.effect
+            call.started_at = self.timestamp
+            call.finished_at = None
+
+    class ToolCallSucceeded(Event):
+        TOPIC = "turnlog.session.ToolCallSucceeded.v1"
+        turn_id: str
+        call_id: str
+        attempt: int
+        result: Any
+
+        def apply(self, aggregate: Any) -> None:
+            call = cast(Session, aggregate).calls[self.call_id]
+            call.state = CallState.SUCCEEDED
+            call.result = self.result
+            call.finished_at = self.timestamp
+
+    class ToolCallFailed(Event):
+        TOPIC = "turnlog.session.ToolCallFailed.v1"
+        turn_id: str
+        call_id: str
+        attempt: int
+        error: str
+
+        def apply(self, aggregate: Any) -> None:
+            call = cast(Session, aggregate).calls[self.call_id]
+            call.state = CallState.FAILED
+            call.error = self.error
+            call.finished_at = self.timestamp
+
+    class TurnCompleted(Event):
+        TOPIC = "turnlog.session.TurnCompleted.v1"
+        turn_id: str
+        reply: str
+
+        def apply(self, aggregate: Any) -> None:
+            turn = cast(Session, aggregate).turn(self.turn_id)
+            _move(turn, TurnState.COMPLETED, self.timestamp)
+            turn.reply = self.reply
+
+    class TurnFailed(Event):
+        TOPIC = "turnlog.session.TurnFailed.v1"
+        turn_id: str
+        error: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            turn = s.turn(self.turn_id)
+            _move(turn, TurnState.FAILED, self.timestamp)
+            turn.error = self.error
+            # A safe call left in flight (attempts used up) or never started ends
+            # failed with the turn, so every call of a finished turn is settled.
+            for call in s.calls_of(turn):
+                if call.state in (CallState.STARTED, CallState.PENDING):
+                    was_started = call.state is CallState.STARTED
+                    call.state = CallState.FAILED
+                    call.error = (
+                        "turn failed: " if was_started else "not run: turn failed: "
+                    ) + self.error
+                    call.finished_at = self.timestamp
+
+    class TurnInterrupted(Event):
+        TOPIC = "turnlog.session.TurnInterrupted.v1"
+        turn_id: str
+        call_ids: list[str]
+        previous_worker: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            turn = s.turn(self.turn_id)
+            _move(turn, TurnState.INTERRUPTED, self.timestamp)
+            turn.previous_worker = self.previous_worker
+            turn.worker_id = ""
+            turn.unknown_call_ids = list(self.call_ids)
+            for call_id in self.call_ids:
+                s.calls[call_id].state = CallState.UNKNOWN
+
+    class ToolCallResolved(Event):
+        TOPIC = "turnlog.session.ToolCallResolved.v1"
+        turn_id: str
+        call_id: str
+        outcome: str
+        result: Any
+        note: str
+        actor: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            call = s.calls[self.call_id]
+            call.state = CallState.RESOLVED
+            call.outcome = self.outcome
+            call.result = self.result
+            call.note = self.note
+            call.actor = self.actor
+            call.finished_at = self.timestamp
+            turn = s.turn(self.turn_id)
+            if not s.unknown_calls(turn):
+                # Every outcome is known again: the turn waits for a new owner.
+                _move(turn, TurnState.RUNNING, self.timestamp)
+                turn.worker_id = ""
+                turn.unknown_call_ids = []
+
+    class TurnAbandoned(Event):
+        TOPIC = "turnlog.session.TurnAbandoned.v1"
+        turn_id: str
+        reason: str
+        actor: str
+        call_ids: list[str]
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            turn = s.turn(self.turn_id)
+            _move(turn, TurnState.ABANDONED, self.timestamp)
+            turn.reason = self.reason
+            turn.actor = self.actor
+            for call_id in self.call_ids:
+                s.calls[call_id].state = CallState.ABANDONED
+
+    class SessionClosed(Event):
+        TOPIC = "turnlog.session.SessionClosed.v1"
+        reason: str
+        actor: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            s.closed = True
+            s.close_reason = self.reason
+
+
+# Snapshots are not aggregate events, so the library does not register their
+# explicit topic by itself; a process that only reads must resolve it too.
+register_topic(Session.Snapshot.TOPIC, Session.Snapshot)
+
+
+def _move(turn: Turn, state: TurnState, at: datetime) -> None:
+    turn.state = state
+    turn.state_since = at
+
+
+def check_message(message: str) -> None:
+    """Refuse an empty message or one over the size limit."""
+    if not isinstance(message, str) or not message.strip():
+        raise errors.InvalidMessage("message must not be empty")
+    size = len(message.encode("utf-8", "surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        raise errors.InvalidMessage(
+            f"message is {size} bytes; the limit is {MAX_MESSAGE_BYTES} bytes"
+        )
+
+
+def describe_unknown_call(call: ToolCall) -> dict[str, Any]:
+    """What an operator needs to see about a call whose outcome is unknown."""
+    return {
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "attempt": call.attempt,
+        "worker_id": call.worker_id,
+        "started_at": call.started_at.isoformat() if call.started_at else None,
+    }

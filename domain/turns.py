@@ -1,0 +1,131 @@
+"""The parts of a session's state: turns, model steps and tool calls.
+
+These are plain dataclasses owned by the Session aggregate. They hold only
+JSON-friendly values so that snapshots can store them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_TOOL_ATTEMPTS = 3
+
+
+class TurnState(StrEnum):
+    """Where a turn is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    ABANDONED = "abandoned"
+
+    @property
+    def is_open(self) -> bool:
+        return self in (TurnState.QUEUED, TurnState.RUNNING, TurnState.INTERRUPTED)
+
+
+class CallState(StrEnum):
+    """Where a tool call is in its life."""
+
+    PENDING = "pending"  # requested by the model, not started yet
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    RESOLVED = "resolved"
+    ABANDONED = "abandoned"
+
+
+class Effect(StrEnum):
+    """What running a tool does to the world, which decides recovery."""
+
+    READ_ONLY = "read_only"
+    IDEMPOTENT = "idempotent"
+    SIDE_EFFECTING = "side_effecting"
+
+    @property
+    def safe_to_repeat(self) -> bool:
+        return self is not Effect.SIDE_EFFECTING
+
+
+@dataclass
+class ToolCall:
+    """One tool call requested by the model in a step of a turn."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    turn_id: str
+    step: int
+    state: CallState = CallState.PENDING
+    effect: str = ""
+    attempt: int = 0
+    worker_id: str = ""
+    claim: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    result: Any = None
+    error: str = ""
+    outcome: str = ""  # for resolved calls: succeeded | failed, as the operator said
+    note: str = ""
+    actor: str = ""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.state is CallState.STARTED
+
+    @property
+    def settled(self) -> bool:
+        """True when the call's outcome is recorded (or explicitly given up)."""
+        return self.state in (
+            CallState.SUCCEEDED,
+            CallState.FAILED,
+            CallState.RESOLVED,
+            CallState.ABANDONED,
+        )
+
+
+@dataclass
+class Step:
+    """One model reply within a turn."""
+
+    step: int
+    text: str
+    call_ids: list[str]
+    usage: dict[str, Any]
+
+
+@dataclass
+class Turn:
+    """One user message and everything done to answer it."""
+
+    turn_id: str
+    message: str
+    idempotency_key: str
+    submitted_at: datetime
+    state: TurnState = TurnState.QUEUED
+    state_since: datetime | None = None
+    claim: int = 0
+    worker_id: str = ""
+    steps: list[Step] = field(default_factory=list)
+    call_ids: list[str] = field(default_factory=list)
+    reply: str = ""
+    error: str = ""
+    reason: str = ""
+    actor: str = ""
+    previous_worker: str = ""
+    unknown_call_ids: list[str] = field(default_factory=list)
+
+
+def require_text(value: str, what: str, error: type[Exception]) -> str:
+    """Return ``value`` stripped, or raise ``error`` when it is blank."""
+    text = value.strip() if isinstance(value, str) else ""
+    if not text:
+        raise error(f"{what} is required")
+    return text

@@ -1,0 +1,3 @@
+from interface.cli import entrypoint
+
+entrypoint()

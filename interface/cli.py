@@ -1,0 +1,360 @@
+"""The ``turnlog`` command.
+
+Each invocation is its own process: two invocations in a row are already a
+restart, and everything the second one knows comes from the stored events.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+from uuid import UUID
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from application.runtime import Runtime
+from application.settings import Settings
+from application.views import describe_session, describe_turn
+from interface.bootstrap import build_runtime
+from interface.demo import demo_app
+from interface.problems import exit_code_for, problem_for
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    help="turnlog: an agent runtime whose sessions are event streams in PostgreSQL.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+sessions_app = typer.Typer(help="Create sessions, send messages, show them.", no_args_is_help=True)
+turns_app = typer.Typer(help="Operator actions on turns and tool calls.", no_args_is_help=True)
+db_app = typer.Typer(help="Prepare and inspect the database.", no_args_is_help=True)
+app.add_typer(sessions_app, name="sessions")
+app.add_typer(turns_app, name="turns")
+app.add_typer(db_app, name="db")
+app.add_typer(demo_app, name="demo")
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Context:
+    """Settings overrides from the global flags; the runtime is built on first use."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    _settings: Settings | None = None
+    _runtime: Runtime | None = None
+
+    def settings(self) -> Settings:
+        if self._settings is None:
+            try:
+                self._settings = Settings(**self.overrides)
+            except ValidationError as exc:
+                fail(2, "invalid settings: " + "; ".join(e["msg"] for e in exc.errors()))
+        return self._settings
+
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            self._runtime = build_runtime(self.settings())
+        return self._runtime
+
+    def close(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+
+
+def fail(code: int, message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@contextmanager
+def refusals() -> Iterator[None]:
+    """Turn known errors into a message and the exit code of their problem."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        problem = problem_for(exc)
+        if problem is None:
+            raise
+        fail(exit_code_for(problem.status), f"{problem.detail} [{problem.code}]")
+
+
+def ctx_of(ctx: typer.Context) -> Context:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Context)
+    return obj
+
+
+def run(ctx: typer.Context, action: Callable[[Runtime], T]) -> T:
+    with refusals():
+        return action(ctx_of(ctx).runtime())
+
+
+def parse_uuid(value: str, what: str = "session id") -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        fail(4, f"{what} {value!r} is not a valid id; no such session")
+
+
+def default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli"
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    namespace: Annotated[
+        str | None, typer.Option(help="Namespace (env TURNLOG_NAMESPACE).")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL (env TURNLOG_DATABASE_URL); unset: embedded.")
+    ] = None,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Local state directory (env TURNLOG_DATA_DIR).")
+    ] = None,
+) -> None:
+    """turnlog: sessions as event streams in PostgreSQL."""
+    overrides = {
+        k: v
+        for k, v in {
+            "namespace": namespace,
+            "database_url": database_url,
+            "data_dir": data_dir,
+        }.items()
+        if v is not None
+    }
+    state = Context(overrides)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+# ---------------------------------------------------------------- sessions
+
+
+@sessions_app.command("new")
+def sessions_new(
+    ctx: typer.Context,
+    title: Annotated[str, typer.Option(help="A title to find the session by.")] = "",
+    system_prompt: Annotated[str, typer.Option(help="System prompt for every request.")] = "",
+    provider: Annotated[str | None, typer.Option(help="Provider (default from settings).")] = None,
+    model: Annotated[str | None, typer.Option(help="Model (default from settings).")] = None,
+) -> None:
+    """Create a session and print its id."""
+
+    def create(rt: Runtime) -> None:
+        written = rt.sessions.create_session(
+            title=title,
+            system_prompt=system_prompt,
+            provider=provider or rt.settings.provider,
+            model=model or rt.settings.model,
+            tools=rt.executor.tools.names(),
+            created_by=default_actor(),
+        )
+        out.print(str(written.session_id))
+
+    run(ctx, create)
+
+
+@sessions_app.command("send")
+def sessions_send(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    message: Annotated[str, typer.Argument(help="The user message.")],
+    idempotency_key: Annotated[str, typer.Option(help="Repeat-safe key for this message.")] = "",
+) -> None:
+    """Submit a message and run its turn in this process; print the reply."""
+    sid = parse_uuid(session_id)
+
+    def send(rt: Runtime) -> int:
+        sent = rt.send(sid, message, idempotency_key)
+        if sent.recovered is not None:
+            v = sent.recovered
+            err.print(f"recovered turn {v.turn_id} first: {v.decision} {v.detail}".rstrip())
+        turn = sent.turn
+        if turn.state == "completed":
+            out.print(turn.reply)
+            return 0
+        if turn.state == "failed":
+            err.print(f"[bold red]turn failed:[/] {turn.error}")
+            return 1
+        if turn.state == "interrupted":
+            session = rt.sessions.get_session(sid)
+            calls = ", ".join(f"{c.call_id} ({c.name})" for c in session.unknown_calls(turn))
+            err.print(f"[bold red]turn {turn.turn_id} interrupted;[/] unknown calls: {calls}")
+            return 3
+        err.print(f"turn {turn.turn_id} is {turn.state} (another process owns the session)")
+        return 0
+
+    code = run(ctx, send)
+    raise typer.Exit(code)
+
+
+@sessions_app.command("show")
+def sessions_show(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show a session rebuilt from its events."""
+    sid = parse_uuid(session_id)
+    view = run(ctx, lambda rt: describe_session(rt.sessions.get_session(sid)))
+    if as_json:
+        out.print_json(json.dumps(view))
+        return
+    out.print(
+        f"[bold]{view['title'] or '(untitled)'}[/]  {view['session_id']}  status={view['status']}"
+    )
+    for t in view["turns"]:
+        out.print(f"\n[bold]turn {t['turn_id']}[/] [{t['state']}]")
+        out.print(f"  user: {t['message']}")
+        for c in t["tool_calls"]:
+            out.print(
+                f"  tool {c['name']} {json.dumps(c['arguments'])} → {c['state']}"
+                f" (attempt {c['attempt']}, call {c['call_id']})"
+            )
+        if t["reply"]:
+            out.print(f"  assistant: {t['reply']}")
+        if t["error"]:
+            out.print(f"  error: {t['error']}")
+
+
+@sessions_app.command("list")
+def sessions_list(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many.")] = 50,
+) -> None:
+    """List sessions in the order they were created."""
+
+    def listing(rt: Runtime) -> list[dict[str, Any]]:
+        rows = []
+        for sid in rt.sessions.session_ids(limit=limit):
+            s = rt.sessions.get_session(sid)
+            rows.append(
+                {"id": str(sid), "title": s.title, "status": s.status, "turns": len(s.turns)}
+            )
+        return rows
+
+    table = Table("session", "title", "status", "turns")
+    for row in run(ctx, listing):
+        table.add_row(row["id"], row["title"], row["status"], str(row["turns"]))
+    out.print(table)
+
+
+# ---------------------------------------------------------------- turns
+
+
+@turns_app.command("abandon")
+def turns_abandon(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    turn_id: Annotated[str, typer.Argument(help="Turn id.")],
+    reason: Annotated[str, typer.Option(help="Why the turn is given up (recorded).")],
+    actor: Annotated[str, typer.Option(help="Who decides (recorded).")] = "",
+) -> None:
+    """Abandon an interrupted turn. Nothing already done outside is undone."""
+    sid = parse_uuid(session_id)
+    written = run(ctx, lambda rt: rt.abandon_turn(sid, turn_id, reason, actor or default_actor()))
+    out.print(f"turn {turn_id} abandoned (position {written.position})")
+
+
+@turns_app.command("resolve")
+def turns_resolve(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    call_id: Annotated[str, typer.Argument(help="Tool call id.")],
+    outcome: Annotated[str, typer.Option(help="succeeded or failed: what really happened.")],
+    result: Annotated[str, typer.Option(help="The call's real result, as JSON.")],
+    note: Annotated[str, typer.Option(help="How the outcome was established (recorded).")] = "",
+    actor: Annotated[str, typer.Option(help="Who decides (recorded).")] = "",
+    resume: Annotated[
+        bool, typer.Option(help="Continue the turn here once every call is known.")
+    ] = True,
+) -> None:
+    """Record the real outcome of a tool call whose outcome is unknown, then continue the turn."""
+    sid = parse_uuid(session_id)
+    try:
+        value = json.loads(result)
+    except json.JSONDecodeError as exc:
+        fail(2, f"--result is not valid JSON: {exc.msg}")
+    note = note or f"resolved as {outcome} from the command line"
+
+    def resolve(rt: Runtime) -> int:
+        turn, written = rt.resolve_tool_call(
+            sid, call_id, outcome, value, note, actor or default_actor()
+        )
+        out.print(f"call {call_id} resolved as {outcome} (position {written.position})")
+        if turn.state != "running" or not resume:
+            return 0
+        rt.continue_session(sid)
+        final = rt.sessions.get_session(sid).turn(turn.turn_id)
+        out.print(
+            f"turn {final.turn_id} {final.state}" + (f": {final.reply}" if final.reply else "")
+        )
+        return 0 if final.state == "completed" else 1
+
+    raise typer.Exit(run(ctx, resolve))
+
+
+@turns_app.command("show")
+def turns_show(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    turn_id: Annotated[str, typer.Argument(help="Turn id.")],
+) -> None:
+    """Inspect one turn: its calls, arguments, attempts, workers and times (JSON)."""
+    sid = parse_uuid(session_id)
+
+    def show(rt: Runtime) -> dict[str, Any]:
+        session = rt.sessions.get_session(sid)
+        return describe_turn(session, session.turn(turn_id))
+
+    out.print_json(json.dumps(run(ctx, show)))
+
+
+# ---------------------------------------------------------------- db
+
+
+@db_app.command("init")
+def db_init(ctx: typer.Context) -> None:
+    """Create the namespace's schema and tables (safe to run again)."""
+    rt = run(ctx, lambda rt: rt)
+    out.print(
+        f"namespace {rt.settings.namespace} ready in schema {rt.settings.schema_name} "
+        f"({rt.db.describe()})"
+    )
+
+
+@db_app.command("status")
+def db_status(ctx: typer.Context) -> None:
+    """Server, version, namespace, event count and last position."""
+    from application.database import namespace_status
+
+    status = run(ctx, lambda rt: namespace_status(rt.db, rt.settings.namespace))
+    for key, value in status.items():
+        out.print(f"{key:>14}: {value}")
+
+
+def entrypoint() -> None:
+    """Console script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
