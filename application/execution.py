@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +58,19 @@ class Executor:
     sandbox_root: Path
     max_steps: int = 8
 
-    def run_turn(self, session_id: UUID, turn_id: str, lease: LeaseCheck | None = None) -> Turn:
-        """Claim the turn and run it until it completes, fails or is interrupted."""
+    def run_turn(
+        self,
+        session_id: UUID,
+        turn_id: str,
+        lease: LeaseCheck | None = None,
+        stop: threading.Event | None = None,
+    ) -> Turn:
+        """Claim the turn and run it until it completes, fails or is interrupted.
+
+        When ``stop`` is set (a draining worker), the loop returns after the
+        step in progress; the turn stays running without an owner, and whoever
+        takes the lease next resumes it from the stored events.
+        """
         lease = lease or Unleased()
         lease.check()
         claim, _, session = self.sessions.update_session(
@@ -68,7 +80,7 @@ class Executor:
         while True:
             turn = session.turn(turn_id)
             step = next_step(session, turn, self.max_steps)
-            if step.action is Action.WAIT:
+            if step.action is Action.WAIT or (stop is not None and stop.is_set()):
                 return turn
             session = self._take(
                 session, turn, claim, step.action, step.call_id, step.reason, lease
@@ -143,7 +155,7 @@ class Executor:
         attempt, _, session = self._write_result(
             session,
             claim,
-            lambda s: s.start_tool_call(turn_id, claim, call_id, self.worker_id, effect) + 1,
+            lambda s: s.start_tool_call(turn_id, claim, call_id, self.worker_id, effect),
         )
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.

@@ -7,6 +7,7 @@ and the database handle; the interface builds it once (interface/bootstrap).
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -63,7 +64,9 @@ class Runtime:
                 turn = self.executor.run_turn(session_id, submitted.turn_id, lease)
             return Sent(submitted, turn, recovered)
 
-    def recover(self, session_id: UUID, lease: Lease) -> Verdict | None:
+    def recover(
+        self, session_id: UUID, lease: Lease, stop: threading.Event | None = None
+    ) -> Verdict | None:
         """Act on the session's open turn, whose owner is gone since we hold the lease."""
         session = self.sessions.get_session(session_id)
         turn = session.open_turn
@@ -75,7 +78,7 @@ class Runtime:
             previous = turn.worker_id
             self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous))
         elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
-            self.executor.run_turn(session_id, turn.turn_id, lease)
+            self.executor.run_turn(session_id, turn.turn_id, lease, stop)
         return verdict
 
     def continue_session(self, session_id: UUID) -> Verdict | None:

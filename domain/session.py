@@ -192,7 +192,7 @@ class Session(Aggregate):
         self.trigger_event(
             self.TurnClaimed, turn_id=turn_id, worker_id=worker_id, claim=turn.claim + 1
         )
-        return turn.claim
+        return turn.claim  # the new claim, now recorded
 
     def record_model_reply(
         self,
@@ -257,7 +257,7 @@ class Session(Aggregate):
             claim=claim,
             effect=str(effect),
         )
-        return call.attempt
+        return call.attempt  # the new attempt, now recorded
 
     def record_tool_succeeded(
         self, turn_id: str, claim: int, call_id: str, attempt: int, result: Any

@@ -19,6 +19,7 @@ from uuid import UUID
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from application.runtime import Runtime
@@ -74,7 +75,7 @@ class Context:
 
 
 def fail(code: int, message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -186,18 +187,20 @@ def sessions_send(
         sent = rt.send(sid, message, idempotency_key)
         if sent.recovered is not None:
             v = sent.recovered
-            err.print(f"recovered turn {v.turn_id} first: {v.decision} {v.detail}".rstrip())
+            err.print(escape(f"recovered turn {v.turn_id} first: {v.decision} {v.detail}".rstrip()))
         turn = sent.turn
         if turn.state == "completed":
-            out.print(turn.reply)
+            out.print(turn.reply, markup=False)
             return 0
         if turn.state == "failed":
-            err.print(f"[bold red]turn failed:[/] {turn.error}")
+            err.print(f"[bold red]turn failed:[/] {escape(turn.error)}")
             return 1
         if turn.state == "interrupted":
             session = rt.sessions.get_session(sid)
             calls = ", ".join(f"{c.call_id} ({c.name})" for c in session.unknown_calls(turn))
-            err.print(f"[bold red]turn {turn.turn_id} interrupted;[/] unknown calls: {calls}")
+            err.print(
+                f"[bold red]turn {turn.turn_id} interrupted;[/] unknown calls: {escape(calls)}"
+            )
             return 3
         err.print(f"turn {turn.turn_id} is {turn.state} (another process owns the session)")
         return 0
@@ -216,23 +219,23 @@ def sessions_show(
     sid = parse_uuid(session_id)
     view = run(ctx, lambda rt: describe_session(rt.sessions.get_session(sid)))
     if as_json:
-        out.print_json(json.dumps(view))
+        typer.echo(json.dumps(view))
         return
-    out.print(
-        f"[bold]{view['title'] or '(untitled)'}[/]  {view['session_id']}  status={view['status']}"
-    )
+    title = escape(view["title"] or "(untitled)")
+    out.print(f"[bold]{title}[/]  {view['session_id']}  status={view['status']}")
     for t in view["turns"]:
-        out.print(f"\n[bold]turn {t['turn_id']}[/] [{t['state']}]")
-        out.print(f"  user: {t['message']}")
+        out.print(f"\n[bold]turn {t['turn_id']}[/] ({t['state']})")
+        lines = [f"  user: {t['message']}"]
         for c in t["tool_calls"]:
-            out.print(
+            lines.append(
                 f"  tool {c['name']} {json.dumps(c['arguments'])} → {c['state']}"
                 f" (attempt {c['attempt']}, call {c['call_id']})"
             )
         if t["reply"]:
-            out.print(f"  assistant: {t['reply']}")
+            lines.append(f"  assistant: {t['reply']}")
         if t["error"]:
-            out.print(f"  error: {t['error']}")
+            lines.append(f"  error: {t['error']}")
+        out.print("\n".join(lines), markup=False)
 
 
 @sessions_app.command("list")
@@ -325,7 +328,7 @@ def turns_show(
         session = rt.sessions.get_session(sid)
         return describe_turn(session, session.turn(turn_id))
 
-    out.print_json(json.dumps(run(ctx, show)))
+    typer.echo(json.dumps(run(ctx, show)))
 
 
 # ---------------------------------------------------------------- db

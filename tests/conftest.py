@@ -78,7 +78,9 @@ def turnlog_env(settings: Settings, **extra: str) -> dict[str, str]:
     return env
 
 
-def turnlog(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def turnlog(
+    settings: Settings, *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run the `turnlog` command in a new process and wait for it."""
     return subprocess.run(
         [sys.executable, "-m", "interface", *args],

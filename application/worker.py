@@ -1,0 +1,304 @@
+"""Workers: processes (or threads of ``serve``) that own the execution of turns.
+
+A worker finds open turns through a ``WorkSource`` (the open_turns read
+model), takes a session's lease (an advisory lock on its own connection) and
+then does what recovery decides: start a queued turn, resume one whose owner
+died, re-run a safe call, or interrupt a turn whose unsafe call was in
+flight. Because the lease is a lock held by a live connection, a dead
+worker's turns become available the moment the server notices the death.
+
+Wake-ups come from LISTEN on the events table's channel (the library NOTIFYs
+on every insert) and from ``wake()``; a poll every ``poll_interval`` seconds
+covers missed notifications.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from application.database import Database, bootstrap_lock, connect
+from application.errors import ApplicationError, LeaseLost
+from application.leases import Lease, owner_alive
+from application.recovery import Verdict, decide, summarize
+from application.runtime import Runtime
+from domain.errors import DomainError
+
+log = logging.getLogger("turnlog.worker")
+
+
+@dataclass(frozen=True)
+class OpenTurnRef:
+    """An open turn as the work source lists it."""
+
+    session_id: str
+    turn_id: str
+    state: str
+
+
+class WorkSource(Protocol):
+    """Lists open turns, queued ones oldest first."""
+
+    def open_turns(self, limit: int) -> Sequence[OpenTurnRef]: ...
+
+
+class Stopping(Exception):
+    """Raised inside a turn's loop when the worker drains; the turn stays for recovery."""
+
+
+def workers_table(namespace: str) -> sql.Composed:
+    return sql.SQL("{}.{}").format(
+        sql.Identifier(f"turnlog_{namespace}"), sql.Identifier("workers")
+    )
+
+
+def create_workers_table(db: Database, namespace: str) -> None:
+    """The small operational table where workers register (not event-sourced)."""
+    with bootstrap_lock(db) as conn:
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (worker_id text PRIMARY KEY, pid integer NOT NULL,"
+                " host text NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),"
+                " heartbeat_at timestamptz NOT NULL DEFAULT now(), turns_held integer NOT NULL"
+                " DEFAULT 0, concurrency integer NOT NULL DEFAULT 1, stopped_at timestamptz)"
+            ).format(workers_table(namespace))
+        )
+
+
+def list_workers(db: Database, namespace: str) -> list[dict[str, Any]]:
+    """Registered workers, newest first, with heartbeat age in seconds."""
+    query = sql.SQL(
+        "SELECT worker_id, pid, host, started_at, heartbeat_at, turns_held, concurrency,"
+        " stopped_at, extract(epoch FROM now() - heartbeat_at) FROM {} ORDER BY started_at DESC"
+    ).format(workers_table(namespace))
+    with connect(db) as conn:
+        try:
+            rows = conn.execute(query).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return []
+    keys = (
+        "worker_id",
+        "pid",
+        "host",
+        "started_at",
+        "heartbeat_at",
+        "turns_held",
+        "concurrency",
+        "stopped_at",
+        "heartbeat_age_seconds",
+    )
+    out = []
+    for row in rows:
+        item = dict(zip(keys, row, strict=True))
+        for k in ("started_at", "heartbeat_at", "stopped_at"):
+            item[k] = item[k].isoformat() if item[k] else None
+        item["heartbeat_age_seconds"] = round(float(item["heartbeat_age_seconds"]), 3)
+        out.append(item)
+    return out
+
+
+def check_open_turns(runtime: Runtime, source: WorkSource, limit: int = 10_000) -> list[Verdict]:
+    """What recovery would do with every open turn, without acting (``turnlog check``)."""
+    verdicts = []
+    with connect(runtime.db) as conn:
+        for ref in source.open_turns(limit):
+            session_id = UUID(ref.session_id)
+            session = runtime.sessions.get_session(session_id)
+            turn = session.open_turn
+            if turn is None:
+                continue  # the read model lags behind a turn that just finished
+            alive = owner_alive(conn, runtime.settings.namespace, session_id)
+            verdicts.append(decide(session, turn, alive, runtime.executor.max_steps))
+    return verdicts
+
+
+class Worker:
+    """Finds open turns and runs them, up to ``concurrency`` at once."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        source: WorkSource,
+        concurrency: int = 4,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.runtime = runtime
+        self.source = source
+        self.concurrency = concurrency
+        self.poll_interval = poll_interval
+        self.worker_id = runtime.executor.worker_id
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._held: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="turnlog-turn")
+        self._threads: list[threading.Thread] = []
+        self.start_summary = ""
+
+    # ---------------------------------------------------------------- control
+
+    def start(self) -> str:
+        """Register, run the start-up check, then start finding work. Returns the summary."""
+        db, ns = self.runtime.db, self.runtime.settings.namespace
+        create_workers_table(db, ns)
+        with connect(db) as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (worker_id, pid, host, concurrency) VALUES (%s, %s, %s, %s)"
+                ).format(workers_table(ns)),
+                (self.worker_id, os.getpid(), socket.gethostname(), self.concurrency),
+            )
+        verdicts = check_open_turns(self.runtime, self.source)
+        self.start_summary = summarize(verdicts)
+        log.info("start-up check: %s", self.start_summary, extra={"worker_id": self.worker_id})
+        for target, name in (
+            (self._dispatch, "dispatch"),
+            (self._listen, "listen"),
+            (self._heartbeat, "heartbeat"),
+        ):
+            thread = threading.Thread(target=target, name=f"turnlog-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self.start_summary
+
+    def wake(self) -> None:
+        """Look for work now (a turn was just submitted in this process)."""
+        self._wake.set()
+
+    def stop(self, drain_timeout: float = 30.0) -> bool:
+        """Drain: finish the current step of each held turn, release leases.
+
+        Returns False when a turn was still busy at the deadline (its tool is
+        still running); that turn is left to recovery by another worker.
+        """
+        self._stop.set()
+        self._wake.set()
+        with self._lock:
+            futures = list(self._held.values())
+        done = _wait_all(futures, drain_timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            with connect(self.runtime.db) as conn:
+                conn.execute(
+                    sql.SQL(
+                        "UPDATE {} SET stopped_at = now(), turns_held = 0 WHERE worker_id = %s"
+                    ).format(workers_table(self.runtime.settings.namespace)),
+                    (self.worker_id,),
+                )
+        except (psycopg.Error, ApplicationError):
+            log.warning("could not mark worker stopped", exc_info=True)
+        return done
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    # ---------------------------------------------------------------- threads
+
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self._take_work()
+            except Exception:
+                log.exception("finding work failed; retrying", extra={"worker_id": self.worker_id})
+
+    def _take_work(self) -> None:
+        for ref in self.source.open_turns(limit=200):
+            if self._stop.is_set() or self.held >= self.concurrency:
+                return
+            if ref.state == "interrupted":
+                continue  # an operator must act first
+            with self._lock:
+                if ref.session_id in self._held:
+                    continue
+            session_id = UUID(ref.session_id)
+            lease = Lease.try_acquire(self.runtime.db, self.runtime.settings.namespace, session_id)
+            if lease is None:
+                continue  # a live owner holds it
+            with self._lock:
+                future = self._pool.submit(self._own, session_id, lease)
+                self._held[ref.session_id] = future
+            future.add_done_callback(self._releaser(ref.session_id))
+
+    def _own(self, session_id: UUID, lease: Lease) -> None:
+        try:
+            while not self._stop.is_set():
+                verdict = self.runtime.recover(session_id, lease, stop=self._stop)
+                if verdict is None or verdict.decision.startswith("leave"):
+                    return
+                # The turn ended (or was interrupted); loop in case another one queued
+                # behind it, but only if the session still has an open turn.
+                if self.runtime.sessions.get_session(session_id).open_turn is None:
+                    return
+        except (LeaseLost, Stopping) as exc:
+            log.warning(
+                "stopped working on session: %s", exc, extra={"session_id": str(session_id)}
+            )
+        except (DomainError, ApplicationError) as exc:
+            log.warning("turn refused: %s", exc, extra={"session_id": str(session_id)})
+        except Exception:
+            log.exception("turn crashed", extra={"session_id": str(session_id)})
+        finally:
+            lease.release()
+
+    def _releaser(self, key: str) -> Callable[[Future[None]], None]:
+        def release(_: Future[None]) -> None:
+            with self._lock:
+                self._held.pop(key, None)
+            self._wake.set()  # a slot is free
+
+        return release
+
+    def _listen(self) -> None:
+        """Wake the dispatcher on every insert into the namespace's events table."""
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.runtime.db.conninfo, autocommit=True) as conn:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier("sessions_events")))
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
+                            self._wake.set()
+            except psycopg.Error:
+                log.warning("LISTEN connection lost; reconnecting", exc_info=True)
+                self._stop.wait(self.poll_interval)
+
+    def _heartbeat(self) -> None:
+        """Keep the registry row fresh, on one connection reopened when it breaks."""
+        update = sql.SQL(
+            "UPDATE {} SET heartbeat_at = now(), turns_held = %s WHERE worker_id = %s"
+        ).format(workers_table(self.runtime.settings.namespace))
+        conn: psycopg.Connection[Any] | None = None
+        while not self._stop.wait(2.0):
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.runtime.db)
+                conn.execute(update, (self.held, self.worker_id))
+            except (psycopg.Error, ApplicationError):
+                log.warning("heartbeat failed; reconnecting", exc_info=True)
+                conn = None
+        if conn is not None:
+            conn.close()
+
+
+def _wait_all(futures: list[Future[None]], timeout: float) -> bool:
+    from concurrent.futures import wait
+
+    if not futures:
+        return True
+    _, not_done = wait(futures, timeout=timeout)
+    return not not_done
