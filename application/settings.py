@@ -72,3 +72,13 @@ def check_namespace(value: str) -> None:
             f"invalid namespace {value!r}: use a lowercase letter followed by up to 39 "
             "lowercase letters, digits or underscores"
         )
+
+
+def settings_reference() -> str:
+    """The configuration table of the README, generated from the fields above."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, info in Settings.model_fields.items():
+        default = info.default
+        shown = "unset" if default is None else f"`{default}`"
+        lines.append(f"| `TURNLOG_{name.upper()}` | {shown} | {info.description or ''} |")
+    return "\n".join(lines)
