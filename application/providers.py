@@ -54,15 +54,15 @@ class FixtureProvider:
         if last.role == "tool":
             return ModelReply(f"Tool {last.name} returned: {last.content}", usage=usage)
         text = last.content
+        command = TOOL_COMMAND.match(text.strip())
+        if command:
+            return _tool_reply(command.group(1), command.group(2), messages, usage)
         if CODEWORD_QUESTION.match(text):
             word = _recall_codeword(messages[:-1])
             reply = f"The codeword is {word}." if word else "I do not know the codeword."
             return ModelReply(reply, usage=usage)
         if CODEWORD_STATEMENT.search(text):
             return ModelReply("Noted. I will remember the codeword.", usage=usage)
-        command = TOOL_COMMAND.match(text.strip())
-        if command:
-            return _tool_reply(command.group(1), command.group(2), messages, usage)
         return ModelReply(f"Echo: {text}", usage=usage)
 
 
@@ -109,3 +109,10 @@ class ProviderRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._providers)
+
+    def close(self) -> None:
+        """Release what providers hold (HTTP connections)."""
+        for provider in self._providers.values():
+            close = getattr(provider, "close", None)
+            if callable(close):
+                close()
