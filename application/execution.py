@@ -28,7 +28,7 @@ from domain import errors as domain_errors
 from domain.progress import Action, next_step
 from domain.request import next_request
 from domain.session import Session
-from domain.turns import Effect, Turn
+from domain.turns import Effect, ToolProcess, Turn
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.execution")
@@ -160,7 +160,20 @@ class Executor:
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.
         lease.check()
-        outcome, value = self._invoke(tool, call.arguments, session, call_id, attempt)
+        # A tool that spawns a process reports it through the context; recording
+        # it saves an event, so the session object may be replaced meanwhile.
+        current = [session]
+
+        def report_process(process: ToolProcess) -> None:
+            current[0] = self._write(
+                current[0],
+                claim,
+                lambda s: s.record_tool_process(turn_id, claim, call_id, attempt, process),
+            )
+
+        context = self._context(session, call_id, attempt, report_process)
+        outcome, value = self._invoke(tool, call.arguments, context)
+        session = current[0]
         if outcome == "succeeded":
             return self._write(
                 session,
@@ -173,20 +186,32 @@ class Executor:
             lambda s: s.record_tool_failed(turn_id, claim, call_id, attempt, str(value)),
         )
 
-    def _invoke(
-        self, tool: Any, arguments: dict[str, Any], session: Session, call_id: str, attempt: int
-    ) -> tuple[str, Any]:
+    def _context(
+        self,
+        session: Session,
+        call_id: str,
+        attempt: int,
+        report_process: Callable[[ToolProcess], None],
+    ) -> ToolContext:
         sandbox = self.sandbox_root / str(session.id)
         sandbox.mkdir(parents=True, exist_ok=True)
-        context = ToolContext(str(session.id), call_id, attempt, sandbox)
+        return ToolContext(str(session.id), call_id, attempt, sandbox, report_process)
+
+    def _invoke(
+        self, tool: Any, arguments: dict[str, Any], context: ToolContext
+    ) -> tuple[str, Any]:
         try:
             result = tool.run(arguments, context)
             # Results are stored as JSON: anything else is rendered as text.
             return "succeeded", json.loads(json.dumps(result, default=str))
         except ToolError as exc:
             return "failed", str(exc)
+        except LeaseLost:
+            # Reporting a spawned process found the turn no longer ours: not the
+            # tool's failure, and nothing more may be recorded under this claim.
+            raise
         except Exception as exc:  # a tool's own bug is that call's failure
-            log.warning("tool raised", exc_info=True, extra={"call_id": call_id})
+            log.warning("tool raised", exc_info=True, extra={"call_id": context.call_id})
             return "failed", f"{type(exc).__name__}: {exc}"
 
     def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:

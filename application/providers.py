@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,6 +41,8 @@ class Provider(Protocol):
 CODEWORD_STATEMENT = re.compile(r"\bthe codeword is\s+([^\s]+)", re.IGNORECASE)
 CODEWORD_QUESTION = re.compile(r"^\s*what is the codeword\??\s*$", re.IGNORECASE)
 TOOL_COMMAND = re.compile(r"^/tool\s+([A-Za-z0-9_.-]+)\s*(.*)$", re.DOTALL)
+SLOW_COMMAND = re.compile(r"^/slow\s+(\d+(?:\.\d+)?)\s+(.*)$", re.DOTALL)
+MAX_SLOW_SECONDS = 60.0
 
 
 class FixtureProvider:
@@ -54,6 +57,12 @@ class FixtureProvider:
         if last.role == "tool":
             return ModelReply(f"Tool {last.name} returned: {last.content}", usage=usage)
         text = last.content
+        slow = SLOW_COMMAND.match(text.strip())
+        if slow:
+            # "/slow N message": a model step that takes N seconds (for tests that
+            # kill a worker mid-step); the reply is still a function of the request.
+            time.sleep(min(float(slow.group(1)), MAX_SLOW_SECONDS))
+            text = slow.group(2)
         command = TOOL_COMMAND.match(text.strip())
         if command:
             return _tool_reply(command.group(1), command.group(2), messages, usage)

@@ -98,4 +98,5 @@ class Runtime:
         return self.sessions.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
 
     def close(self) -> None:
+        self.executor.providers.close()
         self.sessions.close()

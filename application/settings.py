@@ -41,12 +41,36 @@ class Settings(BaseSettings):
         default="https://api.openai.com/v1", description="OpenAI-compatible endpoint."
     )
     openai_api_key: SecretStr | None = Field(default=None, description="Key for that endpoint.")
+    openai_timeout: float = Field(
+        default=60.0, gt=0, le=3600, description="Seconds to wait for one model reply."
+    )
+    openai_max_retries: int = Field(
+        default=3, ge=0, le=10, description="Retries on 429, 5xx and connection errors."
+    )
+    openai_retry_backoff: float = Field(
+        default=0.5, ge=0, le=60, description="First retry delay (s); doubles, with jitter."
+    )
+    openai_retry_max_delay: float = Field(
+        default=20.0, ge=0, le=600, description="Longest wait before a retry, Retry-After included."
+    )
     model: str = Field(default="fixture-1", description="Default model name.")
     max_steps: int = Field(default=8, ge=1, le=100, description="Model calls per turn.")
     snapshot_interval: int = Field(
         default=100, ge=2, description="Take a snapshot every N events of a session."
     )
     log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    shell_tool: bool = Field(
+        default=False, description="Offer the side-effecting `shell` tool (runs in the sandbox)."
+    )
+    shell_timeout: float = Field(
+        default=60.0, gt=0, le=3600, description="Seconds a `shell` command may run."
+    )
+    tools_file: Path | None = Field(
+        default=None, description="TOML or JSON file declaring command tools."
+    )
+    tool_output_bytes: int = Field(
+        default=16384, ge=256, description="Output kept per stream of a command tool."
+    )
     pool_size: int = Field(default=2, ge=1, description="Connections opened per pool.")
     pool_max_overflow: int = Field(default=8, ge=0, description="Extra connections per pool.")
 

@@ -14,13 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from domain.turns import Effect
+from domain.turns import Effect, ToolProcess
 
 MAX_SLEEP_SECONDS = 300.0
 
 
 class ToolError(Exception):
     """The tool refused its arguments or failed; recorded as ToolCallFailed."""
+
+
+def _ignore_process(process: ToolProcess) -> None:
+    return None
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,13 @@ class ToolContext:
     call_id: str  # also the idempotency key of the call
     attempt: int
     sandbox: Path
+    # A tool that spawns an OS process reports it here right after spawning and
+    # before the process does any work; the executor records it durably
+    # (ToolCallProcessStarted) so the process can be found after a crash. It
+    # raises (LeaseLost) when this process no longer owns the turn.
+    report_process: Callable[[ToolProcess], None] = field(
+        default=_ignore_process, repr=False, compare=False
+    )
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,32 @@ def check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> None:
         is_bool = isinstance(value, bool)
         if not isinstance(value, types) or (is_bool and expected in ("integer", "number")):
             raise ToolError(f"{spec.name}: argument {name!r} must be of type {expected}")
+
+
+def check_parameters_schema(parameters: Any) -> None:
+    """Refuse a parameters schema that ``check_arguments`` (and a model) cannot use.
+
+    It must describe an object: ``properties`` maps names to schemas whose
+    ``type``, when given, is a JSON type; ``required`` lists declared names.
+    """
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise ValueError('parameters must be a JSON schema with "type": "object"')
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict):
+        raise ValueError("parameters.properties must be an object")
+    for name, schema in properties.items():
+        if not isinstance(schema, dict):
+            raise ValueError(f"parameters.properties.{name} must be an object (a JSON schema)")
+        kind = schema.get("type")
+        if kind is not None and (not isinstance(kind, str) or kind not in _JSON_TYPES):
+            raise ValueError(
+                f"parameters.properties.{name}.type {kind!r} is not one of {sorted(_JSON_TYPES)}"
+            )
+    required = parameters.get("required", [])
+    if not isinstance(required, list) or not all(r in properties for r in required):
+        raise ValueError("parameters.required must list names declared in parameters.properties")
+    if not isinstance(parameters.get("additionalProperties", True), bool):
+        raise ValueError("parameters.additionalProperties must be true or false")
 
 
 def _echo(arguments: dict[str, Any], context: ToolContext) -> Any:

@@ -30,6 +30,7 @@ def describe_call(call: ToolCall) -> dict[str, Any]:
         "outcome": call.outcome,
         "note": call.note,
         "actor": call.actor,
+        "processes": [dict(p) for p in call.processes],
     }
 
 

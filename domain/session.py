@@ -9,6 +9,7 @@ not depend on module paths.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
@@ -26,6 +27,7 @@ from domain.turns import (
     Effect,
     Step,
     ToolCall,
+    ToolProcess,
     Turn,
     TurnState,
     require_text,
@@ -218,7 +220,7 @@ class Session(Aggregate):
             {
                 "call_id": str(c["call_id"]),
                 "name": str(c.get("name", "")),
-                "arguments": c["arguments"],
+                "arguments": copy.deepcopy(c["arguments"]),
             }
             for c in tool_calls
         ]
@@ -238,7 +240,12 @@ class Session(Aggregate):
         """Record the intent to run a tool call, before it runs; returns the attempt."""
         turn = self._claimed(turn_id, claim)
         call = self._call_of(turn, call_id)
+        try:
+            effect = Effect(effect)
+        except ValueError:
+            raise errors.InvalidInput(f"unknown effect class {effect!r}") from None
         if call.state is CallState.STARTED:
+            effect = Effect(call.effect)  # a re-run keeps the class it first ran under
             # Only a safe tool may run again, and only a bounded number of times.
             if not Effect(call.effect).safe_to_repeat:
                 raise errors.InvalidTransition(
@@ -258,6 +265,26 @@ class Session(Aggregate):
             effect=str(effect),
         )
         return call.attempt  # the new attempt, now recorded
+
+    def record_tool_process(
+        self, turn_id: str, claim: int, call_id: str, attempt: int, process: ToolProcess
+    ) -> None:
+        """Record the OS process a running tool call spawned, before it does its work."""
+        self._running_attempt(turn_id, claim, call_id, attempt)
+        if not _is_count(process.pid) or process.pid <= 0:
+            raise errors.InvalidInput(f"a tool process needs a positive pid, not {process.pid!r}")
+        if not _is_count(process.started_at) or process.started_at < 0:
+            raise errors.InvalidInput("a tool process needs its start time")
+        self.trigger_event(
+            self.ToolCallProcessStarted,
+            turn_id=turn_id,
+            call_id=call_id,
+            attempt=attempt,
+            pid=process.pid,
+            process_started_at=process.started_at,
+            host=process.host,
+            boot_id=process.boot_id,
+        )
 
     def record_tool_succeeded(
         self, turn_id: str, claim: int, call_id: str, attempt: int, result: Any
@@ -396,7 +423,9 @@ class Session(Aggregate):
 
     def _running_attempt(self, turn_id: str, claim: int, call_id: str, attempt: int) -> ToolCall:
         call = self._call_of(self._claimed(turn_id, claim), call_id)
-        if call.state is not CallState.STARTED or call.attempt != attempt:
+        # The attempt must be ours: started under this claim, so a new owner can
+        # never record a result for an attempt its predecessor started.
+        if call.state is not CallState.STARTED or call.attempt != attempt or call.claim != claim:
             raise errors.InvalidTransition(
                 f"tool call {call_id} attempt {attempt} is not the one in flight"
             )
@@ -477,6 +506,21 @@ class Session(Aggregate):
             call.effect = self.effect
             call.started_at = self.timestamp
             call.finished_at = None
+
+    class ToolCallProcessStarted(Event):
+        TOPIC = "turnlog.session.ToolCallProcessStarted.v1"
+        turn_id: str
+        call_id: str
+        attempt: int
+        pid: int
+        process_started_at: int  # clock ticks after boot: field 22 of /proc/<pid>/stat
+        host: str
+        boot_id: str
+
+        def apply(self, aggregate: Any) -> None:
+            call = cast(Session, aggregate).calls[self.call_id]
+            process = ToolProcess(self.pid, self.process_started_at, self.host, self.boot_id)
+            call.processes.append(process.as_dict(self.attempt))
 
     class ToolCallSucceeded(Event):
         TOPIC = "turnlog.session.ToolCallSucceeded.v1"
@@ -591,6 +635,13 @@ class Session(Aggregate):
             turn.actor = self.actor
             for call_id in self.call_ids:
                 s.calls[call_id].state = CallState.ABANDONED
+            # Calls the turn never started will never run either: like TurnFailed,
+            # settle them so every call of a finished turn has a known outcome.
+            for call in s.calls_of(turn):
+                if call.state is CallState.PENDING:
+                    call.state = CallState.FAILED
+                    call.error = "not run: turn abandoned: " + self.reason
+                    call.finished_at = self.timestamp
 
     class SessionClosed(Event):
         TOPIC = "turnlog.session.SessionClosed.v1"
@@ -611,6 +662,10 @@ register_topic(Session.Snapshot.TOPIC, Session.Snapshot)
 def _move(turn: Turn, state: TurnState, at: datetime) -> None:
     turn.state = state
     turn.state_since = at
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_message(message: str) -> None:

@@ -75,6 +75,9 @@ class ToolCall:
     outcome: str = ""  # for resolved calls: succeeded | failed, as the operator said
     note: str = ""
     actor: str = ""
+    # OS processes the call's attempts spawned (ToolCallProcessStarted), so an
+    # operator or the sandbox collector can find them after the owner died.
+    processes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def in_flight(self) -> bool:
@@ -89,6 +92,29 @@ class ToolCall:
             CallState.RESOLVED,
             CallState.ABANDONED,
         )
+
+
+@dataclass(frozen=True)
+class ToolProcess:
+    """An OS process a tool call spawned, named so that a reused pid is never mistaken for it.
+
+    ``started_at`` is the kernel's start time of the pid (clock ticks after boot,
+    field 22 of /proc/<pid>/stat); ``host`` and ``boot_id`` say where it runs.
+    """
+
+    pid: int
+    started_at: int
+    host: str = ""
+    boot_id: str = ""
+
+    def as_dict(self, attempt: int) -> dict[str, Any]:
+        return {
+            "attempt": attempt,
+            "pid": self.pid,
+            "process_started_at": self.started_at,
+            "host": self.host,
+            "boot_id": self.boot_id,
+        }
 
 
 @dataclass

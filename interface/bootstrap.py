@@ -12,7 +12,9 @@ import socket
 import uuid
 
 from application import database
+from application.command_tools import add_declared_tools, shell_tool
 from application.execution import Executor
+from application.openai_provider import OpenAIConfig, OpenAIProvider
 from application.providers import FixtureProvider, ProviderRegistry
 from application.runtime import Runtime
 from application.sessions import Sessions
@@ -37,12 +39,38 @@ def open_sessions(settings: Settings, db: database.Database) -> Sessions:
         )
 
 
+def build_tools(settings: Settings) -> ToolRegistry:
+    """Built-ins, the shell tool when enabled, and the tools file (a bad file stops start-up)."""
+    tools = ToolRegistry(builtin_tools())
+    if settings.shell_tool:
+        tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
+    if settings.tools_file is not None:
+        add_declared_tools(tools, settings.tools_file, settings.tool_output_bytes)
+    return tools
+
+
+def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry:
+    """Every provider a session may name; the OpenAI one connects on first use only."""
+    openai = OpenAIConfig(
+        base_url=settings.openai_base_url,
+        api_key=settings.openai_api_key,
+        default_model=settings.model,
+        timeout=settings.openai_timeout,
+        max_retries=settings.openai_max_retries,
+        backoff=settings.openai_retry_backoff,
+        max_delay=settings.openai_retry_max_delay,
+    )
+    return ProviderRegistry(
+        [FixtureProvider(), OpenAIProvider(openai, tools.specs)], default=settings.provider
+    )
+
+
 def build_runtime(settings: Settings) -> Runtime:
     """Everything a turnlog process needs, built once at start-up."""
+    tools = build_tools(settings)  # before the database: a bad tools file fails fast
+    providers = build_providers(settings, tools)
     db = database.locate(settings)
     sessions = open_sessions(settings, db)
-    providers = ProviderRegistry([FixtureProvider()], default=settings.provider)
-    tools = ToolRegistry(builtin_tools())
     executor = Executor(
         sessions=sessions,
         providers=providers,

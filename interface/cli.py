@@ -22,12 +22,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from application.errors import ConfigurationError
 from application.runtime import Runtime
 from application.settings import Settings
 from application.views import describe_session, describe_turn
+from interface import cli_work
 from interface.bootstrap import build_runtime
+from interface.cli_read import audit, projections_app
+from interface.cli_sandboxes import sandboxes_app
+from interface.cli_tools import tools_app
 from interface.demo import demo_app
 from interface.problems import exit_code_for, problem_for
+from interface.serve import serve
 
 T = TypeVar("T")
 
@@ -43,6 +49,13 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(turns_app, name="turns")
 app.add_typer(db_app, name="db")
 app.add_typer(demo_app, name="demo")
+app.add_typer(sandboxes_app, name="sandboxes")
+app.add_typer(tools_app, name="tools")
+app.add_typer(projections_app, name="projections")
+app.command("audit")(audit)
+app.command("serve")(serve)
+app.command("worker")(cli_work.worker)
+app.command("check")(cli_work.check)
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -66,7 +79,10 @@ class Context:
 
     def runtime(self) -> Runtime:
         if self._runtime is None:
-            self._runtime = build_runtime(self.settings())
+            try:
+                self._runtime = build_runtime(self.settings())
+            except ConfigurationError as exc:
+                fail(2, f"invalid configuration: {exc.detail}")
         return self._runtime
 
     def close(self) -> None:
@@ -352,6 +368,18 @@ def db_status(ctx: typer.Context) -> None:
     status = run(ctx, lambda rt: namespace_status(rt.db, rt.settings.namespace))
     for key, value in status.items():
         out.print(f"{key:>14}: {value}")
+
+
+@db_app.command("stop")
+def db_stop(ctx: typer.Context) -> None:
+    """Stop the embedded PostgreSQL of the data directory (it otherwise keeps running)."""
+    from application.database import stop_embedded
+
+    settings = ctx_of(ctx).settings()
+    if settings.database_url:
+        fail(2, "TURNLOG_DATABASE_URL is set: turnlog does not stop an external server")
+    stopped = stop_embedded(settings.data_dir)
+    out.print("embedded PostgreSQL stopped" if stopped else "no embedded PostgreSQL was running")
 
 
 def entrypoint() -> None:

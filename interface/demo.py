@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -73,3 +74,32 @@ def codeword(
         out.print(f"[bold red]FAILED:[/] the reply does not name the codeword {word!r}")
         raise typer.Exit(1)
     out.print(f"[bold green]OK:[/] a fresh process recalled the codeword {word!r}")
+
+
+@demo_app.command("restart")
+def restart(
+    ctx: typer.Context,
+    receipt: Annotated[
+        Path | None, typer.Option(help="Write the JSON receipt of every step here.")
+    ] = None,
+    word: Annotated[str, typer.Option(help="The codeword (default: a random word).")] = "",
+) -> None:
+    """Codeword recall across a SIGKILL, then the unknown-outcome boundary, over HTTP."""
+    from interface.restart_demo import DemoFailed, RestartDemo
+
+    settings = ctx.find_root().obj.settings()
+    demo = RestartDemo(settings, lambda line: out.print(line, markup=False), word)
+    out.print(f"turnlog restart demo — namespace {settings.namespace}, port {demo.port}")
+    code = 0
+    try:
+        demo.run()
+        out.print("[bold green]OK:[/] every step held")
+    except DemoFailed as exc:
+        out.print(f"[bold red]FAILED:[/] {exc} (server log: {demo.log_path})")
+        code = 1
+    finally:
+        if receipt is not None:
+            receipt.parent.mkdir(parents=True, exist_ok=True)
+            receipt.write_text(demo.receipt.as_json())
+            out.print(f"receipt: {receipt}")
+    raise typer.Exit(code)

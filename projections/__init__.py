@@ -1,0 +1,21 @@
+"""Read models: tables kept up to date from the event log, exactly once per event.
+
+Three read models, one module each (``sessions_view``, ``open_turns``,
+``tool_calls``); ``runner`` keeps them up to date (``ProjectionSupervisor``),
+``queries`` reads them (``ReadModels``), ``rebuild`` rebuilds and verifies
+them, and ``audit`` checks a session's stored stream against all of it.
+"""
+
+from projections.catalog import READ_MODELS, ReadModel, read_models
+from projections.queries import ReadModels
+from projections.runner import ProjectionSupervisor
+from projections.status import projection_status
+
+__all__ = [
+    "READ_MODELS",
+    "ProjectionSupervisor",
+    "ReadModel",
+    "ReadModels",
+    "projection_status",
+    "read_models",
+]

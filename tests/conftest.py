@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from application.database import Database, locate
+from application.database import Database, embedded_running, locate, stop_embedded
 from application.runtime import Runtime
 from application.settings import Settings
 from interface.bootstrap import build_runtime
@@ -27,11 +27,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def database() -> Database:
+def database() -> Iterator[Database]:
     url = os.environ.get("TURNLOG_TEST_DATABASE_URL")
     if url:
-        return locate(Settings(database_url=url))
-    return locate(Settings(data_dir=ROOT / ".turnlog" / "test"))
+        yield locate(Settings(database_url=url))
+        return
+    data_dir = ROOT / ".turnlog" / "test"
+    started_here = not embedded_running(data_dir)
+    yield locate(Settings(data_dir=data_dir))
+    if started_here:
+        # Leave the machine as we found it: a fresh clone's run stops its server.
+        stop_embedded(data_dir)
 
 
 @pytest.fixture

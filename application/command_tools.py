@@ -1,0 +1,241 @@
+"""Tools that run a command in the session's sandbox: ``shell``, and tools declared in a file.
+
+A command tool's ``command`` is an argv template: each element may hold
+``{argument}`` placeholders, filled with the call's arguments. Each element
+stays one argv element whatever the argument contains — no shell ever parses
+it — so an argument like ``; rm -rf ~`` is just text. (The ``shell`` tool is
+the one place a shell runs, by design: its template is ``sh -c {command}``.)
+An element that names an optional argument the call left out is dropped, so
+``"--limit={limit}"`` is passed only when ``limit`` is.
+
+The sandbox directory is the working directory and ``HOME``; the environment
+is minimal (no ``TURNLOG_*`` settings, no keys). It is not a security
+boundary: the command runs with this process's user and can reach anything it
+can. Run turnlog in a container when the model is not trusted.
+
+A tools file (``TURNLOG_TOOLS_FILE``, TOML or JSON) declares ``tools``, each
+with ``name``, ``description``, ``parameters`` (a JSON schema of an object),
+``effect`` (read_only, idempotent, side_effecting), ``command`` and optionally
+``timeout_seconds``. A bad file is refused when the process starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import string
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from application.errors import ConfigurationError
+from application.processes import run_command
+from application.tools import (
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolRegistry,
+    ToolSpec,
+    check_arguments,
+    check_parameters_schema,
+)
+from domain.turns import Effect
+
+DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 3600.0
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
+_ENTRY_KEYS = {"name", "description", "parameters", "effect", "command", "timeout_seconds"}
+_EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+
+SHELL_SPEC = ToolSpec(
+    "shell",
+    "Run a command line with /bin/sh in the session's sandbox directory. "
+    "Returns the exit code and the (possibly truncated) output.",
+    {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "The command line."}},
+        "required": ["command"],
+        "additionalProperties": False,
+    },
+    Effect.SIDE_EFFECTING,
+)
+
+
+@dataclass(frozen=True)
+class CommandTool:
+    """A tool that runs an argv template in the session's sandbox, as its own process group."""
+
+    spec: ToolSpec
+    command: tuple[str, ...]
+    timeout: float = DEFAULT_TIMEOUT
+    output_limit: int = 16 * 1024
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        check_arguments(self.spec, arguments)
+        argv = render_command(self.command, arguments)
+        result = run_command(
+            argv,
+            cwd=context.sandbox,
+            env=command_env(context),
+            timeout=self.timeout,
+            output_limit=self.output_limit,
+            report=context.report_process,
+        )
+        if result.timed_out:
+            raise ToolError(
+                f"{self.spec.name}: timed out after {self.timeout:g}s; its process group was "
+                f"killed. Output so far: {result.stdout[-500:]!r}"
+            )
+        return {
+            "exit_code": result.exit_code,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "truncated": result.truncated,
+        }
+
+
+def shell_tool(timeout: float, output_limit: int) -> CommandTool:
+    """The ``shell`` tool: side-effecting, off unless the settings turn it on."""
+    return CommandTool(SHELL_SPEC, ("/bin/sh", "-c", "{command}"), timeout, output_limit)
+
+
+def command_env(context: ToolContext) -> dict[str, str]:
+    """A minimal environment: nothing of this process's settings or secrets leaks in."""
+    return {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "LANG": "C.UTF-8",
+        "HOME": str(context.sandbox),
+        "TURNLOG_SESSION_ID": context.session_id,
+        "TURNLOG_CALL_ID": context.call_id,  # the call's idempotency key
+        "TURNLOG_ATTEMPT": str(context.attempt),
+    }
+
+
+def render_command(template: Sequence[str], arguments: dict[str, Any]) -> list[str]:
+    """Fill each argv element's placeholders; drop elements naming an absent argument."""
+    argv = []
+    for element in template:
+        parts, complete = [], True
+        for literal, name, _, _ in string.Formatter().parse(element):
+            parts.append(literal)
+            if name is None:
+                continue
+            if name not in arguments:
+                complete = False
+                break
+            parts.append(_as_text(arguments[name]))
+        if complete:
+            rendered = "".join(parts)
+            if "\x00" in rendered:
+                raise ToolError("arguments must not contain NUL characters")
+            argv.append(rendered)
+    return argv
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+# ------------------------------------------------------------------ tools file
+
+
+def add_declared_tools(registry: ToolRegistry, path: Path, output_limit: int) -> None:
+    """Add the tools of a tools file, refusing a bad file with one clear error."""
+    for tool in load_tools_file(path, output_limit):
+        try:
+            registry.add(tool)
+        except ValueError as exc:
+            raise ConfigurationError(f"tools file {path}: {exc}") from None
+
+
+def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
+    """Parse and check every declaration of a TOML or JSON tools file."""
+    data = _read(path)
+    entries = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"tools file {path}: expected a list named 'tools'")
+    tools: list[Tool] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries, 1):
+        try:
+            tool = _declared_tool(entry, output_limit)
+        except (ValueError, TypeError) as exc:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            label = f"tool #{index}" + (f" ({name!r})" if isinstance(name, str) else "")
+            raise ConfigurationError(f"tools file {path}: {label}: {exc}") from None
+        if tool.spec.name in seen:
+            raise ConfigurationError(f"tools file {path}: tool {tool.spec.name!r} declared twice")
+        seen.add(tool.spec.name)
+        tools.append(tool)
+    return tools
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"tools file {path} cannot be read: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            return tomllib.loads(text)
+        if path.suffix == ".json":
+            return json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigurationError(
+            f"tools file {path} is not valid {path.suffix[1:]}: {exc}"
+        ) from None
+    raise ConfigurationError(f"tools file {path}: the name must end in .toml or .json")
+
+
+def _declared_tool(entry: Any, output_limit: int) -> CommandTool:
+    if not isinstance(entry, dict):
+        raise ValueError("each tool must be a table (object)")
+    unknown = sorted(set(entry) - _ENTRY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}; allowed: {sorted(_ENTRY_KEYS)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise ValueError("name must be 1-64 letters, digits, '_' or '-'")
+    description = entry.get("description")
+    if not isinstance(description, str) or not description.strip():
+        raise ValueError("description must be a non-empty string")
+    parameters = entry.get("parameters", _EMPTY_OBJECT)
+    check_parameters_schema(parameters)
+    effect = entry.get("effect", str(Effect.SIDE_EFFECTING))
+    if effect not in {e.value for e in Effect}:
+        raise ValueError(f"unknown effect {effect!r}; use one of {[e.value for e in Effect]}")
+    command = _checked_command(entry.get("command"), parameters)
+    timeout = entry.get("timeout_seconds", DEFAULT_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError("timeout_seconds must be a number")
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout_seconds must be more than 0 and at most {MAX_TIMEOUT:g}")
+    spec = ToolSpec(name, description.strip(), parameters, Effect(effect))
+    return CommandTool(spec, command, float(timeout), output_limit)
+
+
+def _checked_command(command: Any, parameters: dict[str, Any]) -> tuple[str, ...]:
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise ValueError("command must be a non-empty list of strings (argv, no shell)")
+    if "{" in command[0] or "}" in command[0]:
+        raise ValueError("the program (first element of command) must not be a placeholder")
+    declared = set(parameters.get("properties", {}))
+    for element in command:
+        for _, name, spec, conversion in string.Formatter().parse(element):
+            if name is None:
+                continue
+            if spec or conversion or name not in declared:
+                raise ValueError(
+                    f"placeholder {{{name}}} in {element!r} must name a declared parameter "
+                    "(plain {name}, no format spec; write {{ and }} for literal braces)"
+                )
+    return tuple(command)

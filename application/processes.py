@@ -1,0 +1,214 @@
+"""OS processes that tools spawn: started behind a gate, recorded, found again, killed.
+
+A command runs as the leader of its own session and process group
+(``start_new_session``), so the whole group can be signalled at once, and it
+outlives the worker that started it. That is why it is recorded: the worker
+reports the new process (``ToolContext.report_process`` → ToolCallProcessStarted)
+and only then opens the *gate* that lets the command run. If the worker dies
+before the record is committed, the gate reads end-of-file and the command
+never runs: no process does work without being on record.
+
+A pid alone is not an identity, since pids are reused. A recorded process is
+"the same" only when the pid, its kernel start time (field 22 of
+/proc/<pid>/stat), the host and the boot id all match. Linux only (/proc).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import IO, Any
+
+from domain.turns import ToolProcess
+
+# The gate: wait for "go" on stdin, then become the command (same pid, same
+# start time). EOF — the worker died before recording — exits without running it.
+GATE = 'IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null; exit 125'
+GATE_NAME = "turnlog-gate"
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How a command ended and what it printed (each stream cut at the limit)."""
+
+    exit_code: int | None  # None when it was killed at the timeout
+    stdout: str
+    stderr: str
+    truncated: bool
+    timed_out: bool
+
+
+@cache
+def this_host() -> tuple[str, str]:
+    """(hostname, boot id) of the machine this process runs on."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    return socket.gethostname(), boot_id
+
+
+def proc_stat(pid: int) -> tuple[int, str] | None:
+    """(start time in clock ticks after boot, state letter) of a pid, or None if gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return int(fields[19]), fields[0]  # fields 22 and 3 of the full line
+
+
+def identify(pid: int) -> ToolProcess | None:
+    """The identity of a live pid on this host, as it is recorded."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return None
+    host, boot_id = this_host()
+    return ToolProcess(pid=pid, started_at=stat[0], host=host, boot_id=boot_id)
+
+
+def is_here(process: ToolProcess) -> bool:
+    """True when the recorded process ran on this host since its last boot."""
+    return (process.host, process.boot_id) == this_host()
+
+
+def is_alive(process: ToolProcess) -> bool:
+    """True when the recorded process still runs here: same pid *and* same start time."""
+    if not is_here(process):
+        return False
+    stat = proc_stat(process.pid)
+    return stat is not None and stat[0] == process.started_at and stat[1] not in "ZX"
+
+
+def kill_group(process: ToolProcess) -> bool:
+    """SIGKILL the process group the recorded process leads, if it is still that process.
+
+    Returns True when the group was signalled. A pidfd, opened before the start
+    time is compared, pins the identity: it refers to the process that was
+    checked, so the final liveness probe through it cannot hit a reused pid.
+    """
+    if not is_here(process):
+        return False
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:
+        return False  # gone
+    try:
+        if not is_alive(process):
+            return False
+        signal.pidfd_send_signal(pidfd, 0)  # raises if it died since
+        os.killpg(process.pid, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    timeout: float,
+    output_limit: int,
+    report: Callable[[ToolProcess], None],
+) -> CommandResult:
+    """Run ``argv`` (no shell involved) in its own process group, reporting it before it runs.
+
+    If ``report`` raises, the command never runs and the exception propagates.
+    Whatever the command leaves behind in its process group is killed when it
+    ends or times out.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        # Output goes to files, not pipes: a background grandchild holding a pipe
+        # open cannot keep us waiting, and a flood of output cannot fill memory.
+        gate_read, gate_write = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", GATE, GATE_NAME, *argv],
+                stdin=gate_read,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=dict(env),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(gate_write)
+            raise
+        finally:
+            os.close(gate_read)
+        timed_out = _open_gate_and_wait(proc, gate_write, timeout, report)
+        return CommandResult(
+            exit_code=None if timed_out else proc.returncode,
+            stdout=_read_limited(out, output_limit),
+            stderr=_read_limited(err, output_limit),
+            truncated=_size(out) > output_limit or _size(err) > output_limit,
+            timed_out=timed_out,
+        )
+
+
+def _open_gate_and_wait(
+    proc: subprocess.Popen[bytes],
+    gate_write: int,
+    timeout: float,
+    report: Callable[[ToolProcess], None],
+) -> bool:
+    """Report, open the gate, wait; returns True on timeout. Always reaps the process."""
+    try:
+        try:
+            process = identify(proc.pid)
+            if process is None:
+                raise OSError(f"process {proc.pid} vanished before it was recorded")
+            report(process)
+            os.write(gate_write, b"go\n")
+        finally:
+            os.close(gate_write)  # after "go", or instead of it: the gate exits unrun
+        return not _wait_exited(proc, timeout)
+    finally:
+        # The leader has exited (or must die now) but is not reaped yet, so its pid
+        # still names our group: killing the group cannot hit anyone else's.
+        _killpg_quietly(proc.pid)
+        proc.wait()
+
+
+def _wait_exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait until the process exits, without reaping it; False on timeout."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # no pidfd support: reap at once, and accept the tiny pid-reuse window
+        try:
+            proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        readable, _, _ = select.select([pidfd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(pidfd)
+
+
+def _killpg_quietly(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _size(handle: IO[Any]) -> int:
+    return os.fstat(handle.fileno()).st_size
+
+
+def _read_limited(handle: IO[bytes], limit: int) -> str:
+    handle.seek(0)
+    return handle.read(limit).decode("utf-8", errors="replace")

@@ -1,0 +1,327 @@
+"""The read side of the ``turnlog`` command: ``projections …`` and ``audit``.
+
+Registered by ``interface.cli``; it reaches the process's settings and
+runtime through the root context object that ``cli.main`` installs, so this
+module does not import ``interface.cli`` (which imports it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Annotated, Any, Protocol, TypeVar
+from uuid import UUID
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from application.runtime import Runtime
+from application.settings import Settings
+from interface.problems import exit_code_for, problem_for
+from projections import ProjectionSupervisor, ReadModels, read_models
+from projections import audit as audits
+from projections.rebuild import rebuild, verify
+
+T = TypeVar("T")
+
+projections_app = typer.Typer(
+    help="Read models: run them, see their status, rebuild and verify them.",
+    no_args_is_help=True,
+)
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class _Root(Protocol):
+    """What ``interface.cli.Context`` offers the commands."""
+
+    def settings(self) -> Settings: ...
+
+    def runtime(self) -> Runtime: ...
+
+
+def _root(ctx: typer.Context) -> _Root:
+    obj: _Root = ctx.find_root().obj
+    return obj
+
+
+def _fail(code: int, message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {escape(message)}")
+    return typer.Exit(code)
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Known errors become a message and the exit code of their problem."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except Exception as exc:
+        problem = problem_for(exc)
+        if problem is None:
+            raise
+        raise _fail(exit_code_for(problem.status), f"{problem.detail} [{problem.code}]") from None
+
+
+def _with_read_models(ctx: typer.Context, action: Callable[[Runtime, ReadModels], T]) -> T:
+    with _refusals():
+        rt = _root(ctx).runtime()
+        models = ReadModels(rt.db, rt.settings, sessions=rt.sessions)
+        try:
+            return action(rt, models)
+        finally:
+            models.close()
+
+
+NameArgument = Annotated[
+    str | None, typer.Argument(help="sessions, open_turns or tool_calls (default: all).")
+]
+
+
+@projections_app.command("run")
+def projections_run(
+    ctx: typer.Context,
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Run only this read model (repeatable).")
+    ] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Events per transaction.")] = 500,
+    poll_interval: Annotated[
+        float, typer.Option(min=0.05, max=1.0, help="Longest wait between reads of the log (s).")
+    ] = 0.5,
+) -> None:
+    """Keep the read models up to date until SIGTERM or SIGINT (hot standby if another runs)."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with _refusals():
+        rt = _root(ctx).runtime()
+        supervisor = ProjectionSupervisor(
+            rt.settings,
+            rt.db,
+            only,
+            sessions=rt.sessions,
+            batch_size=batch_size,
+            poll_interval=poll_interval,
+        )
+        supervisor.start()
+    names = ", ".join(m.name for m in supervisor.models)
+    err.print(f"running read models {names} in namespace {rt.settings.namespace}")
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        supervisor.stop()
+    err.print("stopped")
+
+
+@projections_app.command("status")
+def projections_status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each read model's position, the log head, lag, and whether a runner holds it."""
+    rows = _with_read_models(ctx, lambda rt, models: models.status())
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    table = Table("read model", "position", "head", "lag (events)", "lag (s)", "runner")
+    for r in rows:
+        lag_s = "?" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
+        runner = r["holder"] if r["running"] else "[yellow]none[/]"
+        table.add_row(
+            r["name"], str(r["position"]), str(r["head"]), str(r["lag_events"]), lag_s, runner
+        )
+    out.print(table)
+
+
+class _RateColumn(ProgressColumn):
+    """Events per second."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("-- events/s" if speed is None else f"{speed:,.0f} events/s")
+
+
+@projections_app.command("rebuild")
+def projections_rebuild(
+    ctx: typer.Context,
+    name: NameArgument = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Events per transaction.")] = 2000,
+    wait: Annotated[float, typer.Option(min=0, help="Wait this long for runners (s).")] = 0.0,
+) -> None:
+    """Rebuild read models from position 0, holding their runner locks."""
+    with _refusals():
+        models = read_models(name)
+    bar = _ProgressBar()
+
+    def act(rt: Runtime, read: ReadModels) -> Any:
+        with bar:
+            return rebuild(
+                read.events,
+                rt.db,
+                rt.settings.namespace,
+                models,
+                batch_size=batch_size,
+                wait=wait,
+                progress=bar.update,
+            )
+
+    started = time.monotonic()
+    done = _with_read_models(ctx, act)
+    out.print(
+        f"rebuilt {', '.join(done.names)}: {done.events} events to position {done.position} "
+        f"in {time.monotonic() - started:.2f}s ({done.events_per_second:,.0f} events/s)"
+    )
+
+
+class _ProgressBar:
+    """Events done, events/s and ETA; shown from the first report (once the locks are held)."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]rebuild[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("events"),
+            _RateColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=err,
+        )
+        self._task: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if self._task is None:
+            self._progress.start()
+            self._task = self._progress.add_task("rebuild", total=total)
+        self._progress.update(self._task, completed=done, total=total)
+
+    def __enter__(self) -> _ProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+
+@projections_app.command("verify")
+def projections_verify(
+    ctx: typer.Context,
+    name: NameArgument = None,
+    show: Annotated[int, typer.Option(min=1, help="Differences shown per read model.")] = 50,
+) -> None:
+    """Compare the live tables row by row with the log folded in memory; exit 1 on a difference."""
+    results = _with_read_models(ctx, lambda rt, models: verify(models.events, read_models(name)))
+    for result in results:
+        if result.ok:
+            out.print(f"{result.name}: OK ({result.rows} rows at position {result.position})")
+            continue
+        out.print(
+            f"[bold red]{result.name}: {len(result.differences)} difference(s)[/] "
+            f"at position {result.position}"
+        )
+        for difference in result.differences[:show]:
+            out.print(f"  {escape(difference.describe())}")
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def audit(
+    ctx: typer.Context,
+    session_id: Annotated[str | None, typer.Argument(help="Session id.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines instead of a table.")] = False,
+    verify_stream: Annotated[
+        bool, typer.Option("--verify", help="Check the stream is whole and read models agree.")
+    ] = False,
+    whole_log: Annotated[bool, typer.Option("--log", help="Page the whole log instead.")] = False,
+    after: Annotated[int, typer.Option(min=0, help="With --log: after this position.")] = 0,
+    limit: Annotated[int, typer.Option(min=1, max=10000, help="With --log: how many.")] = 100,
+) -> None:
+    """Show a session's stored events (or the whole log) as stored; --verify proves it whole."""
+    if whole_log == (session_id is not None):
+        raise _fail(2, "give either a SESSION_ID or --log")
+    if whole_log:
+        records = _with_read_models(ctx, lambda rt, m: audits.log_page(m.events, after, limit))
+        _print_records(records, as_json, whole_log=True)
+        if records and not as_json:
+            err.print(f"next page: --log --after {records[-1].position}")
+        return
+    try:
+        sid = UUID(str(session_id))
+    except ValueError:
+        raise _fail(4, f"session id {session_id!r} is not a valid id; no such session") from None
+    if verify_stream:
+        _verify(ctx, sid)
+        return
+    records = _with_read_models(ctx, lambda rt, m: audits.stream(m.events, sid))
+    if not records:
+        raise _fail(4, f"session {sid} has no stored events [session_not_found]")
+    _print_records(records, as_json, whole_log=False)
+
+
+def _verify(ctx: typer.Context, sid: UUID) -> None:
+    result = _with_read_models(ctx, lambda rt, m: audits.verify_stream(m.events, sid))
+    for note in result.notes:
+        err.print(f"note: {escape(note)}")
+    if result.ok:
+        out.print(
+            f"OK: session {sid}: {result.events} events, versions 1..{result.events} without gaps,"
+            " all decode, the aggregate replays, read models agree"
+        )
+        return
+    for problem in result.problems:
+        out.print(f"[bold red]problem:[/] {escape(problem)}")
+    raise typer.Exit(1)
+
+
+def _print_records(records: list[audits.StoredRecord], as_json: bool, whole_log: bool) -> None:
+    if as_json:
+        for r in records:
+            print(json.dumps(r.as_json(), ensure_ascii=False, default=str))
+        return
+    if not whole_log and records:
+        out.print(f"session {records[0].session_id}: {len(records)} stored events")
+    table = Table(show_lines=True)
+    table.add_column("position", justify="right", no_wrap=True)
+    if whole_log:
+        table.add_column("session", overflow="fold")
+    table.add_column("version", justify="right", no_wrap=True)
+    table.add_column("topic", overflow="fold")
+    table.add_column("recorded", overflow="fold")
+    table.add_column("payload", overflow="fold", ratio=1)
+    for r in records:
+        recorded = Text(r.recorded_at.isoformat()) if r.recorded_at else Text(r.error, style="red")
+        payload = Text(json.dumps(r.payload, ensure_ascii=False, default=str))
+        cells: list[Any] = [str(r.position)]
+        if whole_log:
+            cells.append(str(r.session_id))
+        cells += [str(r.version), Text(r.topic), recorded, payload]
+        table.add_row(*cells)
+    out.print(table)

@@ -1,0 +1,78 @@
+"""``turnlog sandboxes``: see the tool sandboxes of this host, and collect what is left over."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from application.runtime import Runtime
+from application.sandboxes import Action, Sandbox, Sandboxes
+
+sandboxes_app = typer.Typer(
+    help="Tool sandboxes on this host: list them, collect leftovers.", no_args_is_help=True
+)
+
+
+def _sandboxes(rt: Runtime) -> Sandboxes:
+    return Sandboxes(rt.sessions, rt.settings.sandbox_root)
+
+
+@sandboxes_app.command("list")
+def sandboxes_list(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each session's sandbox: path, size, the session's state and its live tool processes."""
+    from interface.cli import out, run
+
+    found: list[Sandbox] = run(ctx, lambda rt: _sandboxes(rt).scan())
+    if as_json:
+        typer.echo(json.dumps([s.as_dict() for s in found]))
+        return
+    table = Table()
+    table.add_column("session", no_wrap=True)
+    for name in ("status", "size", "live processes"):
+        table.add_column(name)
+    table.add_column("path", overflow="fold")
+    for s in found:
+        pids = ", ".join(
+            f"{p.process.pid} ({p.tool}, {'orphaned' if p.orphaned else p.call_state})"
+            for p in s.processes
+        )
+        table.add_row(s.session_id, s.status, _human(s.size_bytes), pids or "-", str(s.path))
+    out.print(table)
+
+
+@sandboxes_app.command("gc")
+def sandboxes_gc(
+    ctx: typer.Context,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be done.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Kill orphaned tool process groups; remove sandboxes of closed sessions.
+
+    Processes of a call whose outcome is unknown (an interrupted turn) are kept
+    until the turn is abandoned or the call resolved.
+    """
+    from interface.cli import out, run
+
+    actions: list[Action] = run(ctx, lambda rt: _sandboxes(rt).gc(dry_run=dry_run))
+    if as_json:
+        typer.echo(json.dumps([a.as_dict() for a in actions]))
+        return
+    for a in actions:
+        out.print(f"{a.action:>12}  {a.target}  [session {a.session_id}: {a.reason}]", markup=False)
+    if not actions:
+        out.print("nothing to collect")
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

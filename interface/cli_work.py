@@ -1,0 +1,90 @@
+"""``turnlog worker`` and ``turnlog check``: executing turns, and the restart check."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from application.worker import check_open_turns
+from interface.roles import OpenTurnsSource, Parts, Role
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def worker(
+    ctx: typer.Context,
+    concurrency: Annotated[int, typer.Option(min=1, max=256, help="Turns run at once.")] = 4,
+    drain_timeout: Annotated[
+        float, typer.Option(min=0, help="On SIGTERM, seconds to finish the current steps.")
+    ] = 30.0,
+) -> None:
+    """Run turns: pick up queued and orphaned turns until SIGTERM, then drain.
+
+    Needs the open_turns read model kept by a projections runner
+    (`turnlog projections run` or `turnlog serve --role projections`).
+    """
+    from interface.serve import configure_logging
+
+    settings = ctx.find_root().obj.settings()
+    configure_logging(settings.log_format)
+    parts = Parts(settings, Role.WORKER, worker_concurrency=concurrency)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    parts.start()
+    assert parts.worker is not None
+    err.print(
+        f"worker {parts.worker.worker_id} started: {parts.worker.start_summary}", markup=False
+    )
+    stop.wait()
+    err.print(f"draining (up to {drain_timeout:g}s)…")
+    held = parts.worker.held
+    parts.stop(drain_timeout=drain_timeout)
+    err.print(f"worker stopped ({held} turn(s) were held)")
+
+
+def check(
+    ctx: typer.Context,
+    apply: Annotated[bool, typer.Option("--apply", help="Act on the decisions now.")] = False,
+) -> None:
+    """The restart check: every open turn and what recovery does with it."""
+    from projections.queries import ReadModels
+
+    root: Any = ctx.find_root().obj
+    runtime = root.runtime()
+    read_models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
+    verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
+    table = Table("session", "turn", "state", "decision", "detail")
+    for v in verdicts:
+        table.add_row(v.session_id, v.turn_id, v.state, str(v.decision), v.detail)
+    out.print(table)
+    from application.recovery import summarize
+
+    out.print(summarize(verdicts))
+    if not apply:
+        return
+    from uuid import UUID
+
+    from application.leases import Lease
+
+    for v in verdicts:
+        if v.decision.startswith("leave"):
+            continue
+        lease = Lease.try_acquire(runtime.db, runtime.settings.namespace, UUID(v.session_id))
+        if lease is None:
+            out.print(f"{v.session_id}: owner came back; left alone")
+            continue
+        with lease:
+            done = runtime.recover(UUID(v.session_id), lease)
+        out.print(f"{v.session_id}: {done.decision if done else 'nothing open'}")

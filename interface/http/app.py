@@ -1,0 +1,144 @@
+"""The FastAPI application factory.
+
+``create_app(settings, runtime=None, role=...)`` wires the routes, the error
+handlers and the middleware; its lifespan starts the process's parts (see
+``interface.roles``) and stops them on shutdown: uvicorn handles SIGTERM by
+no longer accepting connections and finishing in-flight requests, then the
+lifespan drains the worker, stops the projection runners and closes pools.
+
+When the database cannot be reached at start-up, the server still comes up:
+``/healthz`` answers, ``/readyz`` and ``/v1`` answer 503 with Retry-After,
+and the start is retried in the background until it succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from eventsourcing import persistence
+from fastapi import Depends, FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.openapi.utils import get_openapi
+
+from application.errors import DatabaseUnavailable
+from application.runtime import Runtime
+from application.settings import Settings
+from interface.http import errors
+from interface.http.deps import known_query_only, require_token
+from interface.http.errors import PROBLEM_MEDIA_TYPE
+from interface.http.metrics import Metrics
+from interface.http.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from interface.http.pulse import LogPulse
+from interface.http.routes import events, listings, ops, sessions, turns
+from interface.http.state import AppState, Options
+from interface.http.streams import StreamSlots
+from interface.roles import Parts, Role
+
+log = logging.getLogger("turnlog.http")
+
+_DB_DOWN = (DatabaseUnavailable, psycopg.OperationalError, persistence.OperationalError)
+
+
+def create_app(
+    settings: Settings,
+    runtime: Runtime | None = None,
+    *,
+    role: Role | str = Role.API,
+    options: Options | None = None,
+    worker_concurrency: int = 4,
+) -> FastAPI:
+    """The HTTP app of one process. A ``runtime`` passed in stays the caller's to close."""
+    role = Role(role)
+    parts = Parts(settings, role, runtime=runtime, worker_concurrency=worker_concurrency)
+    options = options or Options()
+    streams = StreamSlots(options.max_streams)
+    state = AppState(
+        parts=parts,
+        options=options,
+        pulse=LogPulse(),
+        streams=streams,
+        metrics=Metrics(parts, streams),
+    )
+    app = FastAPI(
+        title="turnlog",
+        version="1",
+        summary="Agent sessions as event streams in PostgreSQL.",
+        lifespan=_lifespan,
+    )
+    app.state.turnlog = state
+    errors.install(app)
+    # Added last runs first: request id → metrics → body limit → routing.
+    app.add_middleware(BodyLimitMiddleware, limit=options.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, observe=state.metrics.observe)
+    app.add_middleware(RequestIdMiddleware)
+    app.include_router(ops.router)
+    if role.serves_api:
+        # Security is declared (and documented) only when a token is configured.
+        guards = [Depends(known_query_only)]
+        if settings.api_token is not None:
+            guards.insert(0, Depends(require_token))
+        for module in (sessions, turns, events, listings):
+            app.include_router(module.router, dependencies=guards)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    state: AppState = app.state.turnlog
+    retry: asyncio.Task[None] | None = None
+    if not await _start(state):
+        retry = asyncio.create_task(_keep_starting(state), name="turnlog-start")
+    try:
+        yield
+    finally:
+        state.draining.set()
+        if retry is not None:
+            retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retry
+        await state.pulse.stop()
+        await run_in_threadpool(state.parts.stop, state.options.drain_timeout)
+
+
+async def _start(state: AppState) -> bool:
+    """Start the parts; False (and remembered) when the database cannot be reached."""
+    try:
+        await run_in_threadpool(state.parts.start)
+    except _DB_DOWN as exc:
+        state.start_error = exc
+        log.warning("database unreachable at start-up, retrying: %s", exc)
+        return False
+    state.start_error = None
+    runtime = state.parts.runtime
+    assert runtime is not None
+    state.pulse.start(runtime.db.conninfo)
+    return True
+
+
+async def _keep_starting(state: AppState) -> None:
+    while not await _start(state):
+        await asyncio.sleep(state.options.start_retry_seconds)
+    log.info("started after the database became reachable")
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated schema, with problems documented as application/problem+json."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for status, response in operation.get("responses", {}).items():
+                content = response.get("content", {})
+                if status[:1] in ("4", "5") and "application/json" in content:
+                    content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,159 @@
+"""Dependencies of the routes: the parts of the process, auth, common headers.
+
+Each is an ``Annotated`` alias so that a route's signature says what it
+uses: ``RuntimeDep``, ``SessionsDep``, ``HistoryDep``, ``ReadModelsDep``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from application.errors import DatabaseUnavailable
+from application.history import History
+from application.runtime import Runtime
+from application.sessions import Sessions
+from interface.http.state import AppState
+from interface.problems import InvalidRequest, NotReady, ReadModelLagging, Unauthorized
+from projections import ReadModels
+
+_bearer = HTTPBearer(auto_error=False, description="The server's TURNLOG_API_TOKEN.")
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.turnlog
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_runtime(state: StateDep) -> Runtime:
+    runtime = state.parts.runtime
+    if runtime is None:
+        if isinstance(state.start_error, DatabaseUnavailable):
+            raise DatabaseUnavailable(state.start_error.detail)
+        raise NotReady("the server is starting; try again shortly")
+    return runtime
+
+
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+
+
+def get_sessions(runtime: RuntimeDep) -> Sessions:
+    return runtime.sessions
+
+
+SessionsDep = Annotated[Sessions, Depends(get_sessions)]
+
+
+def get_history(state: StateDep, runtime: RuntimeDep) -> History:
+    if state.history is None:
+        state.history = History(runtime.sessions)
+    return state.history
+
+
+HistoryDep = Annotated[History, Depends(get_history)]
+
+
+def get_read_models(state: StateDep, history: HistoryDep) -> ReadModels:
+    # ``history`` is asked for so that it exists for ``caught_up`` (the log's head).
+    if state.parts.read_models is None:
+        raise NotReady("the read models are not available in this process yet")
+    return state.parts.read_models
+
+
+ReadModelsDep = Annotated[ReadModels, Depends(get_read_models)]
+
+
+async def require_token(
+    state: StateDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """With TURNLOG_API_TOKEN set, every /v1 route needs ``Authorization: Bearer <token>``."""
+    token = state.parts.settings.api_token
+    if token is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    # Constant time: the comparison must not tell how much of a guess was right.
+    if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
+        raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+async def known_query_only(request: Request) -> None:
+    """Refuse query parameters the route does not declare: a typo must not pass silently."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    allowed = _QUERY_NAMES.get(id(route))
+    if allowed is None:
+        allowed = _QUERY_NAMES[id(route)] = frozenset(_query_names(dependant))
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameters: {', '.join(unknown)}", unknown_parameters=unknown
+        )
+
+
+def _query_names(dependant: Any) -> Iterator[str]:
+    for field in dependant.query_params:
+        yield str(field.alias)
+    for sub in dependant.dependencies:
+        yield from _query_names(sub)
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[\x21-\x7e]+$",
+        description="Repeat-safe key: a repeat with the same body returns the original result.",
+    ),
+]
+
+MinPosition = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=2**62,
+        description="Wait (bounded) until the read model has processed this log position.",
+    ),
+]
+
+
+async def caught_up(
+    state: AppState, read_models: ReadModels, min_position: int | None, name: str
+) -> None:
+    """Wait until read model ``name`` reached ``min_position``, else ReadModelLagging (503).
+
+    A position past the end of the log was never handed out by a write: that
+    is the client's mistake (422), not something worth waiting for.
+    """
+    if min_position is None:
+        return
+    history = state.history
+    if history is not None:
+        head = await run_in_threadpool(history.head)
+        if min_position > head:
+            raise InvalidRequest(
+                f"min_position {min_position} is past the end of the log (position {head})",
+                head=head,
+            )
+    timeout = state.options.min_position_timeout
+    reached = await run_in_threadpool(read_models.wait_for, min_position, timeout, [name])
+    if not reached:
+        raise ReadModelLagging(
+            f"the read model has not reached position {min_position} within {timeout:g}s",
+            min_position=min_position,
+        )

@@ -1,0 +1,89 @@
+"""A session's stored events: pages of JSON, or a live stream of server-sent events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+
+from application.errors import SessionNotFound
+from interface.http.deps import HistoryDep, StateDep
+from interface.http.schemas import EventOut, EventsPage, problems
+from interface.http.streams import EventStreamResponse, follow
+from interface.problems import InvalidRequest
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+_STREAM_DOC = {
+    "text/event-stream": {
+        "schema": {"type": "string"},
+        "example": 'id: 2\nevent: TurnSubmitted\ndata: {"position": 7, "version": 2, …}\n\n',
+    }
+}
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    response_model=EventsPage,
+    responses={
+        200: {"content": _STREAM_DOC, "description": "A page of events, or a live stream."},
+        **problems(401, 404, 422, 503),
+    },
+)
+async def session_events(
+    request: Request,
+    session_id: UUID,
+    history: HistoryDep,
+    state: StateDep,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Only events after this version.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Page size (JSON only).")] = 100,
+) -> Any:
+    """Every stored event of the session: global position, version, type, topic,
+    time and payload, in version order.
+
+    With `Accept: text/event-stream` the answer is a live stream of
+    server-sent events (`id` = version, `event` = type, `data` = the event
+    as JSON) that follows new events until the client disconnects; resume
+    with `Last-Event-ID` (a version) without losing or repeating an event.
+    A comment line is sent every 15 s when nothing happens. The number of
+    open streams is bounded: over it, 503 `too_many_streams`.
+    """
+    if "text/event-stream" in request.headers.get("accept", ""):
+        start = _last_event_id(request) or after
+        if not await run_in_threadpool(history.exists, session_id):
+            raise SessionNotFound(f"session {session_id} not found")
+        release = state.streams.acquire()
+        options = state.options
+        stream = follow(
+            request,
+            history,
+            session_id,
+            start,
+            state.pulse,
+            options.heartbeat_seconds,
+            state.draining,
+        )
+        return EventStreamResponse(stream, release)
+    events = await run_in_threadpool(history.events, session_id, after, limit)
+    if not events and not await run_in_threadpool(history.exists, session_id):
+        raise SessionNotFound(f"session {session_id} not found")
+    return EventsPage(
+        session_id=session_id,
+        events=[EventOut.model_validate(e, from_attributes=True) for e in events],
+        next_after=events[-1].version if events else after,
+    )
+
+
+def _last_event_id(request: Request) -> int | None:
+    raw = request.headers.get("last-event-id")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidRequest("Last-Event-ID must be an event version (a non-negative integer)")
+    return value

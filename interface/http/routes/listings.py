@@ -1,0 +1,79 @@
+"""Read models: open turns, tool calls, workers, projections."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+
+from application.worker import list_workers
+from interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
+from interface.http.schemas import (
+    OpenTurnRow,
+    Page,
+    ProjectionOut,
+    ProjectionsOut,
+    ToolCallRow,
+    WorkerOut,
+    WorkersOut,
+    problems,
+)
+
+router = APIRouter(prefix="/v1", tags=["read models"])
+
+Limit = Annotated[int, Query(ge=1, le=500, description="Page size.")]
+Cursor = Annotated[str | None, Query(max_length=200, description="From the previous page.")]
+
+
+@router.get("/open-turns", response_model=Page[OpenTurnRow], responses=problems(401, 422, 503))
+async def list_open_turns(
+    state: StateDep,
+    read_models: ReadModelsDep,
+    turn_state: Annotated[
+        Literal["queued", "running", "interrupted"] | None, Query(alias="state")
+    ] = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+    min_position: MinPosition = None,
+) -> Page[OpenTurnRow]:
+    """Open turns (queued, running, interrupted) from the open-turns read model."""
+    await caught_up(state, read_models, min_position, "open_turns")
+    rows, next_cursor = await run_in_threadpool(
+        read_models.list_open_turns, turn_state, limit, cursor
+    )
+    return Page[OpenTurnRow].model_validate({"items": rows, "next_cursor": next_cursor})
+
+
+@router.get("/tool-calls", response_model=Page[ToolCallRow], responses=problems(401, 422, 503))
+async def list_tool_calls(
+    state: StateDep,
+    read_models: ReadModelsDep,
+    status: Literal["pending", "started", "succeeded", "failed", "unknown", "resolved", "abandoned"]
+    | None = None,
+    session_id: UUID | None = None,
+    tool: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+    min_position: MinPosition = None,
+) -> Page[ToolCallRow]:
+    """Tool calls and their status from the tool-call read model."""
+    await caught_up(state, read_models, min_position, "tool_calls")
+    rows, next_cursor = await run_in_threadpool(
+        read_models.list_tool_calls, status, session_id, tool, limit, cursor
+    )
+    return Page[ToolCallRow].model_validate({"items": rows, "next_cursor": next_cursor})
+
+
+@router.get("/workers", response_model=WorkersOut, responses=problems(401, 503))
+def workers(runtime: RuntimeDep) -> WorkersOut:
+    """Registered workers with their heartbeat; stopped ones show `stopped_at`."""
+    rows = list_workers(runtime.db, runtime.settings.namespace)
+    return WorkersOut(items=[WorkerOut.model_validate(r) for r in rows])
+
+
+@router.get("/projections", response_model=ProjectionsOut, responses=problems(401, 503))
+def projections(read_models: ReadModelsDep) -> ProjectionsOut:
+    """Each projection's position in the log and how far it lags behind."""
+    return ProjectionsOut(items=[ProjectionOut.model_validate(r) for r in read_models.status()])

@@ -1,0 +1,54 @@
+"""Operations: liveness, readiness, metrics. Never behind the token."""
+
+from __future__ import annotations
+
+import psycopg
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from interface.http.deps import StateDep
+from interface.http.schemas import HealthOut, ReadyOut, problems
+from interface.problems import NotReady
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", response_model=HealthOut)
+async def healthz() -> HealthOut:
+    """Liveness: the process answers."""
+    return HealthOut(status="ok")
+
+
+@router.get("/readyz", response_model=ReadyOut, responses=problems(503))
+def readyz(state: StateDep) -> ReadyOut:
+    """Readiness: started, the database answers, and this process's worker and
+    projection runners (if its role runs them) are up."""
+    checks = state.parts.checks()
+    checks["database"] = _database_answers(state)
+    checks["accepting"] = not state.draining.is_set()
+    if not all(checks.values()):
+        failing = ", ".join(k for k, ok in checks.items() if not ok)
+        raise NotReady(f"not ready: {failing}", checks=checks)
+    return ReadyOut(status="ready", role=str(state.parts.role), checks=checks)
+
+
+def _database_answers(state: StateDep) -> bool:
+    runtime = state.parts.runtime
+    if runtime is None:
+        return False
+    try:
+        with psycopg.connect(runtime.db.conninfo, connect_timeout=2, autocommit=True) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.Error:
+        return False
+    return True
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
+def metrics(state: StateDep) -> Response:
+    """Prometheus metrics: requests, turn and tool-call outcomes, open turns, projection lag."""
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

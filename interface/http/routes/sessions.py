@@ -1,0 +1,142 @@
+"""Sessions: create, list, show, close."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, Query, Response
+from fastapi.concurrency import run_in_threadpool
+
+from application.idempotency import start_session_once
+from application.runtime import Runtime
+from application.sessions import Written
+from application.views import describe_session
+from interface.http.deps import (
+    IdempotencyKey,
+    MinPosition,
+    ReadModelsDep,
+    RuntimeDep,
+    SessionsDep,
+    StateDep,
+    caught_up,
+)
+from interface.http.schemas import (
+    CloseSessionRequest,
+    CreateSessionRequest,
+    Page,
+    SessionOut,
+    SessionRow,
+    SessionWritten,
+    problems,
+)
+from interface.problems import InvalidRequest
+
+router = APIRouter(prefix="/v1", tags=["sessions"])
+
+
+@router.post(
+    "/sessions",
+    status_code=201,
+    response_model=SessionWritten,
+    responses=problems(401, 409, 413, 422, 503),
+)
+def create_session(
+    body: CreateSessionRequest,
+    runtime: RuntimeDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> SessionWritten:
+    """Create a session.
+
+    With an `Idempotency-Key` header, a repeat with the same body returns the
+    session the first request created (header `Idempotent-Replayed: true`);
+    the same key with a different body is refused with 409
+    `idempotency_key_reused`.
+    """
+    fields = _session_fields(runtime, body)
+    if idempotency_key:
+        request = body.model_dump(mode="json")
+        started = start_session_once(
+            runtime.sessions, runtime.settings.namespace, idempotency_key, request, **fields
+        )
+        written = started.written
+        if not started.created:
+            response.headers["Idempotent-Replayed"] = "true"
+    else:
+        written = runtime.sessions.create_session(**fields)
+    response.headers["Location"] = f"/v1/sessions/{written.session_id}"
+    return _written(runtime, written)
+
+
+def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, Any]:
+    """The session's settings, with the server's defaults; refuse names it does not know."""
+    known_tools = runtime.executor.tools.names()
+    tools = known_tools if body.tools is None else body.tools
+    unknown = sorted(set(tools) - set(known_tools))
+    if unknown:
+        raise InvalidRequest(f"unknown tools: {', '.join(unknown)}", known_tools=known_tools)
+    provider = body.provider or runtime.settings.provider
+    if provider not in runtime.executor.providers.names():
+        raise InvalidRequest(
+            f"unknown provider {provider!r}", known_providers=runtime.executor.providers.names()
+        )
+    reserved = sorted(k for k in body.metadata if k.startswith("turnlog."))
+    if reserved:
+        raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
+    return {
+        "title": body.title,
+        "system_prompt": body.system_prompt,
+        "provider": provider,
+        "model": body.model or runtime.settings.model,
+        "tools": list(dict.fromkeys(tools)),
+        "metadata": body.metadata,
+        "created_by": body.created_by or "api",
+    }
+
+
+def _written(runtime: Runtime, written: Written) -> SessionWritten:
+    view = describe_session(runtime.sessions.get_session(written.session_id))
+    return SessionWritten.model_validate({**view, "position": written.position})
+
+
+@router.get("/sessions", response_model=Page[SessionRow], responses=problems(401, 422, 503))
+async def list_sessions(
+    state: StateDep,
+    read_models: ReadModelsDep,
+    status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    min_position: MinPosition = None,
+) -> Page[SessionRow]:
+    """List sessions from the sessions read model, most recent activity first.
+
+    Pages are keyset-paginated: pass `next_cursor` as `cursor` for the next
+    page. With `?min_position=N` (a `position` from a write) the answer waits
+    up to 5 s until the read model has processed it, else 503
+    `read_model_lagging` with Retry-After.
+    """
+    await caught_up(state, read_models, min_position, "sessions")
+    rows, next_cursor = await run_in_threadpool(read_models.list_sessions, status, limit, cursor)
+    return Page[SessionRow].model_validate({"items": rows, "next_cursor": next_cursor})
+
+
+@router.get(
+    "/sessions/{session_id}", response_model=SessionOut, responses=problems(401, 404, 422, 503)
+)
+def get_session(session_id: UUID, sessions: SessionsDep) -> SessionOut:
+    """A session rebuilt from its events: settings, status, every turn and tool call."""
+    return SessionOut.model_validate(describe_session(sessions.get_session(session_id)))
+
+
+@router.post(
+    "/sessions/{session_id}/close",
+    response_model=SessionWritten,
+    responses=problems(401, 404, 409, 413, 422, 503),
+)
+def close_session(
+    session_id: UUID, body: CloseSessionRequest, runtime: RuntimeDep
+) -> SessionWritten:
+    """Close a session: it takes no more turns. Refused (409) while a turn is open."""
+    written = runtime.sessions.close_session(session_id, body.reason, body.actor)
+    return _written(runtime, written)

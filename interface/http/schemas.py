@@ -1,0 +1,319 @@
+"""Request and response bodies of the HTTP API, named by their role.
+
+Responses mirror ``application.views`` (plain dicts rebuilt from events);
+requests are strict (unknown fields are refused) so a typo never passes
+silently.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+TurnStateName = Literal["queued", "running", "completed", "failed", "interrupted", "abandoned"]
+CallStateName = Literal[
+    "pending", "started", "succeeded", "failed", "unknown", "resolved", "abandoned"
+]
+SessionStatusName = Literal["idle", "busy", "blocked", "closed"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ------------------------------------------------------------------ requests
+
+
+class CreateSessionRequest(Strict):
+    """A new session. Omitted provider, model and tools take the server's defaults."""
+
+    title: str = Field("", max_length=500, description="A title to find the session by.")
+    system_prompt: str = Field("", max_length=64 * 1024, description="Sent first in every request.")
+    provider: str | None = Field(None, max_length=100, description="Model provider name.")
+    model: str | None = Field(None, max_length=200, description="Model name.")
+    tools: list[str] | None = Field(
+        None, max_length=100, description="Tools the model may call; default: every tool."
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Free-form; keys starting with 'turnlog.' are reserved."
+    )
+    created_by: str = Field("", max_length=200, description="Who asked for the session.")
+
+
+class SubmitTurnRequest(Strict):
+    """A user message; it becomes a queued turn."""
+
+    message: str = Field(description="The user message (1 byte to 64 KiB).")
+
+
+class AbandonTurnRequest(Strict):
+    """An operator gives up an interrupted turn; its unknown calls stay unknown."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="Why (recorded).")
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+
+
+class ResolveToolCallRequest(Strict):
+    """An operator records the real outcome of a call whose outcome is unknown."""
+
+    outcome: Literal["succeeded", "failed"] = Field(description="What really happened.")
+    result: Any = Field(None, description="The call's real result (any JSON value).")
+    note: str = Field(min_length=1, max_length=2000, description="How it was established.")
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+
+
+class CloseSessionRequest(Strict):
+    """Close a session: it takes no more turns."""
+
+    reason: str = Field("", max_length=2000, description="Why (recorded).")
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+
+
+# ----------------------------------------------------------------- responses
+
+
+class StepOut(BaseModel):
+    """One model reply within a turn."""
+
+    step: int
+    text: str
+    call_ids: list[str]
+    usage: dict[str, Any]
+
+
+class ToolCallOut(BaseModel):
+    """A tool call with its arguments, attempts, owner and outcome."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    step: int
+    state: CallStateName
+    effect: str
+    attempt: int
+    worker_id: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any = None
+    error: str
+    outcome: str
+    note: str
+    actor: str
+
+
+class TurnOut(BaseModel):
+    """One user message and everything done to answer it."""
+
+    turn_id: str
+    state: TurnStateName
+    message: str
+    reply: str
+    error: str
+    idempotency_key: str
+    submitted_at: datetime | None
+    state_since: datetime | None
+    claim: int
+    worker_id: str
+    previous_worker: str
+    reason: str
+    actor: str
+    steps: list[StepOut]
+    tool_calls: list[ToolCallOut]
+    unknown_call_ids: list[str]
+
+
+class SessionOut(BaseModel):
+    """A session rebuilt from its events."""
+
+    session_id: UUID
+    title: str
+    status: SessionStatusName
+    provider: str
+    model: str
+    tools: list[str]
+    metadata: dict[str, Any]
+    created_by: str
+    created_at: datetime | None
+    last_activity_at: datetime | None
+    version: int
+    closed: bool
+    turns: list[TurnOut]
+
+
+class SessionWritten(SessionOut):
+    """A session after a write, with the log position of the write's last event."""
+
+    position: int | None = Field(description="Log position; pass as ?min_position to lists.")
+
+
+class TurnWritten(TurnOut):
+    """A turn after a write, with its session and the log position of the write."""
+
+    session_id: UUID
+    position: int | None = Field(description="Log position; pass as ?min_position to lists.")
+
+
+class EventOut(BaseModel):
+    """One stored event as it is in the log."""
+
+    position: int = Field(description="Global log position (notification id).")
+    version: int = Field(description="Version of the session after this event.")
+    type: str
+    topic: str
+    timestamp: datetime
+    payload: dict[str, Any]
+
+
+class EventsPage(BaseModel):
+    """A page of a session's events; ask again with ``after=next_after`` for more."""
+
+    session_id: UUID
+    events: list[EventOut]
+    next_after: int
+
+
+class Page(BaseModel, Generic[T]):
+    """A page of a read model; ``next_cursor`` is null on the last page."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class WorkerOut(BaseModel):
+    """A registered worker process."""
+
+    model_config = ConfigDict(extra="allow")
+
+    worker_id: str
+    pid: int
+    host: str
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    stopped_at: datetime | None = None
+
+
+class WorkersOut(BaseModel):
+    items: list[WorkerOut]
+
+
+class ProjectionOut(BaseModel):
+    """Where a read model stands in the log."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    position: int
+    head: int
+    lag_events: int
+    lag_seconds: float | None
+    running: bool
+    holder: str | None
+
+
+class ProjectionsOut(BaseModel):
+    items: list[ProjectionOut]
+
+
+class SessionRow(BaseModel):
+    """A session as the sessions read model lists it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: UUID
+    title: str | None
+    status: SessionStatusName
+    closed: bool
+    turn_count: int
+    last_turn_id: str | None
+    last_turn_state: TurnStateName | None
+    unknown_call_ids: list[str] | None
+    created_by: str | None
+    created_at: datetime | None
+    last_activity_at: datetime | None
+    last_position: int
+    version: int
+
+
+class OpenTurnRow(BaseModel):
+    """An open turn as the open-turns read model lists it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: UUID
+    turn_id: str
+    state: Literal["queued", "running", "interrupted"]
+    claim: int | None
+    worker_id: str | None
+    previous_worker: str | None
+    unknown_call_ids: list[str] | None
+    submitted_at: datetime | None
+    submitted_position: int
+    state_since: datetime | None
+
+
+class ToolCallRow(BaseModel):
+    """A tool call as the tool-call read model lists it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: UUID
+    call_id: str
+    turn_id: str
+    step: int | None
+    tool: str
+    effect: str | None
+    state: CallStateName
+    attempt: int | None
+    worker_id: str | None
+    outcome: str | None
+    requested_at: datetime | None
+    requested_position: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_seconds: float | None
+    result_summary: str | None
+    error_summary: str | None
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    status: Literal["ready"]
+    role: str
+    checks: dict[str, bool]
+
+
+class ProblemOut(BaseModel):
+    """An RFC 9457 problem; ``code`` is stable, extra members depend on the code."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    request_id: str | None = None
+
+
+_DESCRIPTIONS = {
+    401: "Missing or wrong bearer token (`unauthorized`).",
+    404: "No such session, turn or tool call.",
+    409: "The session's state forbids this (`turn_in_progress`, `unresolved_turn`, "
+    "`session_closed`, `idempotency_key_reused`, `invalid_transition`, …).",
+    413: "Body over 1 MiB (`payload_too_large`).",
+    422: "Invalid input (`validation_error`, `invalid_message`, `invalid_operator_action`).",
+    503: "Database unreachable, read model lagging or server starting; see Retry-After.",
+}
+
+
+def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the problems a route can answer with."""
+    return {s: {"model": ProblemOut, "description": _DESCRIPTIONS[s]} for s in statuses}

@@ -1,0 +1,53 @@
+"""What the app keeps for its lifetime: the process's parts and the shared helpers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from fastapi.concurrency import run_in_threadpool
+
+from application.history import History
+from interface.http.metrics import Metrics
+from interface.http.pulse import LogPulse
+from interface.http.streams import StreamSlots
+from interface.roles import Parts
+
+
+@dataclass(frozen=True)
+class Options:
+    """Limits and timings of the HTTP layer (tests shorten them)."""
+
+    max_streams: int = 64
+    heartbeat_seconds: float = 15.0
+    min_position_timeout: float = 5.0
+    start_retry_seconds: float = 2.0
+    drain_timeout: float = 30.0
+    max_body_bytes: int = 1024 * 1024
+
+
+@dataclass
+class AppState:
+    """Everything the routes reach through dependencies."""
+
+    parts: Parts
+    options: Options
+    pulse: LogPulse
+    streams: StreamSlots
+    metrics: Metrics
+    draining: threading.Event = field(default_factory=threading.Event)
+    start_error: BaseException | None = None
+    history: History | None = None
+    _wakers: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def wake_worker(self, position: int | None) -> None:
+        """Wake this process's worker once the open-turns read model has seen ``position``.
+
+        Runs in the background: the answer does not wait for it.
+        """
+        if self.parts.worker is None:
+            return
+        task = asyncio.create_task(run_in_threadpool(self.parts.wake_worker, position))
+        self._wakers.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._wakers.discard)

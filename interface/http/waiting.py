@@ -1,0 +1,40 @@
+"""Waiting for a turn to finish, on log notifications with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import UUID
+
+from fastapi.concurrency import run_in_threadpool
+
+from application.sessions import Sessions
+from application.views import describe_turn
+from interface.http.state import AppState
+
+FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned"})
+
+
+def turn_view(sessions: Sessions, session_id: UUID, turn_id: str) -> dict[str, Any]:
+    session = sessions.get_session(session_id)
+    return describe_turn(session, session.turn(turn_id))
+
+
+async def until_finished(
+    state: AppState, sessions: Sessions, session_id: UUID, turn_id: str, timeout: float
+) -> tuple[dict[str, Any], bool]:
+    """The turn's view once it is finished (True), or at the deadline (False).
+
+    "Finished" includes ``interrupted``: nothing more happens without an operator.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        ticket = state.pulse.ticket()  # before reading: a later commit always wakes us
+        view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
+        if view["state"] in FINISHED:
+            return view, True
+        remaining = deadline - loop.time()
+        if remaining <= 0 or state.draining.is_set():
+            return view, False
+        await state.pulse.wait(ticket, remaining)

@@ -1,0 +1,317 @@
+"""``turnlog demo restart``: the seed experiment over HTTP, with real process deaths.
+
+It starts a real ``turnlog serve``, stores a codeword, SIGKILLs the server,
+starts a replacement with the same namespace and settings, finds the session
+through the API and recalls the codeword. Then it shows the boundary: a
+side-effecting tool call killed mid-flight, the turn interrupted, a new turn
+refused, inspection, abandonment, a new turn accepted — and the tool's file
+written at most once. Every step goes into a JSON receipt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from application.settings import Settings
+
+
+class DemoFailed(Exception):
+    """A step's verdict was false; the receipt says which."""
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Receipt:
+    namespace: str
+    started_at: float
+    steps: list[Step] = field(default_factory=list)
+    ok: bool = False
+
+    def as_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One ``turnlog serve`` subprocess on a loopback port."""
+
+    def __init__(self, settings: Settings, port: int, log_path: Path) -> None:
+        self.port = port
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TURNLOG_")}
+        env.update(
+            TURNLOG_NAMESPACE=settings.namespace,
+            TURNLOG_DATA_DIR=str(settings.data_dir.resolve()),
+        )
+        if settings.database_url:
+            env["TURNLOG_DATABASE_URL"] = settings.database_url
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "interface", "serve", "--port", str(port)],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"http://127.0.0.1:{port}"
+
+    def wait_ready(self, deadline: float = 60.0) -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < deadline:
+            if self.proc.poll() is not None:
+                raise DemoFailed(f"server exited with {self.proc.returncode} before it was ready")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise DemoFailed(f"server not ready within {deadline:.0f}s")
+
+    def kill(self, sig: int = signal.SIGKILL) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=60)
+        self._log.close()
+        return code
+
+
+class RestartDemo:
+    """The steps, each recorded in the receipt as it happens."""
+
+    def __init__(self, settings: Settings, say: Callable[[str], None], word: str = "") -> None:
+        self.settings = settings
+        self.say = say
+        self.word = word or random.choice(
+            ["amber", "basalt", "cobalt", "ember", "fjord", "garnet", "juniper", "quartz"]
+        )
+        self.receipt = Receipt(namespace=settings.namespace, started_at=time.time())
+        self.log_path = settings.data_dir.resolve() / "demo-serve.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.server: Server | None = None
+
+    def step(self, name: str, ok: bool, detail: str, t0: float, **data: Any) -> None:
+        self.receipt.steps.append(Step(name, ok, detail, round(time.monotonic() - t0, 3), data))
+        mark = "ok  " if ok else "FAIL"
+        self.say(f"[{mark}] {name}: {detail}")
+        if not ok:
+            raise DemoFailed(f"{name}: {detail}")
+
+    def start_server(self, label: str) -> Server:
+        t0 = time.monotonic()
+        server = Server(self.settings, self.port, self.log_path)
+        ready = server.wait_ready()
+        self.step(
+            label,
+            True,
+            f"pid {server.proc.pid} ready in {ready:.2f}s",
+            t0,
+            pid=server.proc.pid,
+            port=self.port,
+        )
+        self.server = server
+        return server
+
+    def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        assert self.server is not None
+        return httpx.request(method, f"{self.server.url}{path}", timeout=90, **kwargs)
+
+    def run(self) -> Receipt:
+        try:
+            self._codeword_across_a_kill()
+            self._unknown_outcome_boundary()
+            self.receipt.ok = True
+        finally:
+            if self.server is not None and self.server.proc.poll() is None:
+                self.server.kill(signal.SIGTERM)
+        return self.receipt
+
+    def _codeword_across_a_kill(self) -> None:
+        server = self.start_server("start server")
+        t0 = time.monotonic()
+        created = self.api("POST", "/v1/sessions", json={"title": "restart demo"})
+        self.session_id = created.json().get("session_id", "")
+        self.step(
+            "create session",
+            created.status_code == 201,
+            self.session_id,
+            t0,
+            position=created.json().get("position"),
+        )
+        t0 = time.monotonic()
+        turn = self.api(
+            "POST",
+            f"/v1/sessions/{self.session_id}/turns",
+            params={"wait": 30},
+            json={"message": f"The codeword is {self.word}"},
+        ).json()
+        self.step(
+            "store codeword",
+            turn.get("state") == "completed",
+            repr(turn.get("reply")),
+            t0,
+            position=turn.get("position"),
+            reply=turn.get("reply"),
+        )
+        t0 = time.monotonic()
+        code = server.kill()
+        self.step(
+            "SIGKILL server",
+            code == -signal.SIGKILL,
+            f"pid {server.proc.pid} exit {code}",
+            t0,
+            pid=server.proc.pid,
+        )
+        self.start_server("start replacement")
+        t0 = time.monotonic()
+        listed = self.api("GET", "/v1/sessions", params={"limit": 100}).json()
+        ids = [row.get("session_id") for row in listed.get("items", [])]
+        self.step(
+            "discover session", self.session_id in ids, f"found among {len(ids)} sessions", t0
+        )
+        t0 = time.monotonic()
+        turn = self.api(
+            "POST",
+            f"/v1/sessions/{self.session_id}/turns",
+            params={"wait": 30},
+            json={"message": "What is the codeword?"},
+        ).json()
+        reply = str(turn.get("reply", ""))
+        self.step(
+            "recall codeword",
+            self.word in reply,
+            repr(reply),
+            t0,
+            reply=reply,
+            position=turn.get("position"),
+        )
+
+    def _unknown_outcome_boundary(self) -> None:
+        assert self.server is not None
+        sid = self.session_id
+        t0 = time.monotonic()
+        call = '/tool append_file {"path": "demo.txt", "text": "written once", "delay_seconds": 5}'
+        turn = self.api("POST", f"/v1/sessions/{sid}/turns", json={"message": call}).json()
+        turn_id = turn.get("turn_id", "")
+        started = self._poll_turn(
+            turn_id, lambda t: any(c["state"] == "started" for c in t.get("tool_calls", []))
+        )
+        self.step(
+            "side-effecting call in flight",
+            started is not None,
+            "append_file started, waiting 5 s before it writes",
+            t0,
+            turn_id=turn_id,
+        )
+        t0 = time.monotonic()
+        code = self.server.kill()
+        self.step(
+            "SIGKILL server mid-call",
+            code == -signal.SIGKILL,
+            f"pid {self.server.proc.pid} exit {code}",
+            t0,
+            pid=self.server.proc.pid,
+        )
+        self.start_server("start replacement")
+        t0 = time.monotonic()
+        interrupted = self._poll_turn(turn_id, lambda t: t.get("state") == "interrupted")
+        self.step(
+            "turn interrupted",
+            interrupted is not None,
+            "the call's outcome is unknown; nothing re-ran it",
+            t0,
+        )
+        assert interrupted is not None
+        call_id = interrupted["unknown_call_ids"][0]
+        t0 = time.monotonic()
+        refused = self.api("POST", f"/v1/sessions/{sid}/turns", json={"message": "hello"})
+        body = refused.json()
+        self.step(
+            "new turn refused",
+            refused.status_code == 409
+            and body.get("code") == "unresolved_turn"
+            and call_id in json.dumps(body),
+            f"{refused.status_code} {body.get('code')} naming {call_id}",
+            t0,
+        )
+        t0 = time.monotonic()
+        inspected = self.api("GET", f"/v1/sessions/{sid}/turns/{turn_id}").json()
+        calls = [c for c in inspected.get("tool_calls", []) if c["call_id"] == call_id]
+        self.step(
+            "inspect",
+            bool(calls) and calls[0]["state"] == "unknown",
+            f"{calls[0]['name']} {json.dumps(calls[0]['arguments'])} attempt "
+            f"{calls[0]['attempt']} started {calls[0]['started_at']}"
+            if calls
+            else "-",
+            t0,
+        )
+        t0 = time.monotonic()
+        abandoned = self.api(
+            "POST",
+            f"/v1/sessions/{sid}/turns/{turn_id}/abandon",
+            json={"reason": "demo: checked, nothing to undo", "actor": "demo"},
+        )
+        self.step(
+            "abandon",
+            abandoned.status_code == 200,
+            f"{abandoned.status_code}",
+            t0,
+            position=abandoned.json().get("position"),
+        )
+        t0 = time.monotonic()
+        turn = self.api(
+            "POST", f"/v1/sessions/{sid}/turns", params={"wait": 30}, json={"message": "hello"}
+        ).json()
+        self.step(
+            "new turn accepted",
+            turn.get("state") == "completed",
+            repr(turn.get("reply")),
+            t0,
+            reply=turn.get("reply"),
+        )
+        t0 = time.monotonic()
+        path = self.settings.sandbox_root / sid / "demo.txt"
+        lines = path.read_text().splitlines() if path.exists() else []
+        self.step(
+            "written at most once",
+            len(lines) <= 1,
+            f"{path.name} has {len(lines)} line(s)",
+            t0,
+            lines=len(lines),
+        )
+
+    def _poll_turn(
+        self, turn_id: str, done: Callable[[dict[str, Any]], bool], deadline: float = 20.0
+    ) -> dict[str, Any] | None:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            response = self.api("GET", f"/v1/sessions/{self.session_id}/turns/{turn_id}")
+            if response.status_code == 200 and done(response.json()):
+                return dict(response.json())
+            time.sleep(0.1)
+        return None

@@ -1,0 +1,153 @@
+"""What one ``turnlog serve`` process runs, by role, and in which order it starts and stops.
+
+``all`` runs the HTTP API, a worker and the projection runners in one
+process (the simple default); ``api``, ``worker`` and ``projections`` split
+them. Every role builds the runtime (which prepares the namespace) and
+nothing that replays the log: the worker starts from the open-turns read
+model, projections resume from their tracking positions, and the API reads
+sessions one by one on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from application.runtime import Runtime
+from application.settings import Settings
+from application.worker import OpenTurnRef, Worker
+from interface.bootstrap import build_runtime
+from projections import ProjectionSupervisor, ReadModels
+
+log = logging.getLogger("turnlog.serve")
+
+
+class Role(StrEnum):
+    """Which parts a serve process runs."""
+
+    ALL = "all"
+    API = "api"
+    WORKER = "worker"
+    PROJECTIONS = "projections"
+
+    @property
+    def serves_api(self) -> bool:
+        return self in (Role.ALL, Role.API)
+
+    @property
+    def runs_worker(self) -> bool:
+        return self in (Role.ALL, Role.WORKER)
+
+    @property
+    def runs_projections(self) -> bool:
+        return self in (Role.ALL, Role.PROJECTIONS)
+
+
+class OpenTurnsSource:
+    """The worker's work source: the open-turns read model, paged."""
+
+    def __init__(self, read_models: ReadModels) -> None:
+        self.read_models = read_models
+
+    def open_turns(self, limit: int) -> Sequence[OpenTurnRef]:
+        refs: list[OpenTurnRef] = []
+        cursor = None
+        while len(refs) < limit:
+            rows, cursor = self.read_models.list_open_turns(
+                None, min(limit - len(refs), 500), cursor
+            )
+            refs += [
+                OpenTurnRef(str(r["session_id"]), str(r["turn_id"]), str(r["state"])) for r in rows
+            ]
+            if not cursor:
+                break
+        return refs
+
+
+@dataclass
+class Parts:
+    """The runtime, read models, projection supervisor and worker of one process."""
+
+    settings: Settings
+    role: Role
+    runtime: Runtime | None = None
+    worker_concurrency: int = 4
+    read_models: ReadModels | None = None
+    supervisor: ProjectionSupervisor | None = None
+    worker: Worker | None = None
+    _owns_runtime: bool = field(default=False, repr=False)
+
+    def start(self) -> None:
+        """Build and start what the role needs; blocking. Raises when the database is down."""
+        if self.runtime is None:
+            self.runtime = build_runtime(self.settings)
+            self._owns_runtime = True
+        try:
+            self._start_rest(self.runtime)
+        except BaseException:
+            self.stop(drain_timeout=0)
+            raise
+
+    def _start_rest(self, runtime: Runtime) -> None:
+        # Both share the Sessions application's pool: fewer connections per process.
+        if self.read_models is None:
+            self.read_models = ReadModels(runtime.db, self.settings, sessions=runtime.sessions)
+        if self.role.runs_projections and self.supervisor is None:
+            self.supervisor = ProjectionSupervisor(
+                self.settings, runtime.db, sessions=runtime.sessions
+            )
+            self.supervisor.start()
+        if self.role.runs_worker and self.worker is None:
+            self.worker = Worker(
+                runtime, OpenTurnsSource(self.read_models), self.worker_concurrency
+            )
+            summary = self.worker.start()
+            log.info("worker %s started: %s", self.worker.worker_id, summary)
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        """Stop in reverse order: worker (drained), projections, then the runtime."""
+        if self.worker is not None:
+            if not self.worker.stop(drain_timeout=drain_timeout):
+                log.warning("a turn was still busy after %.0fs; left for recovery", drain_timeout)
+            self.worker = None
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+        if self.read_models is not None:
+            self.read_models.close()
+            self.read_models = None
+        if self.runtime is not None and self._owns_runtime:
+            self.runtime.close()
+            self.runtime = None
+
+    def wake_worker(self, position: int | None = None, timeout: float = 5.0) -> None:
+        """Tell this process's worker a turn is waiting (blocking up to ``timeout``).
+
+        The worker finds work in the open-turns read model, so waking it
+        before that read model has processed ``position`` would find nothing
+        and leave the turn to the next poll; wait for it first (bounded).
+        """
+        if self.worker is None:
+            return
+        if position is not None and self.read_models is not None:
+            self.read_models.wait_for(position, timeout, ["open_turns"])
+        self.worker.wake()
+
+    def checks(self) -> dict[str, bool]:
+        """What /readyz reports besides the database."""
+        checks = {"started": self.runtime is not None}
+        if self.role.runs_projections:
+            checks["projections"] = _running(self.supervisor)
+        if self.role.runs_worker:
+            checks["worker"] = self.worker is not None
+        return checks
+
+
+def _running(supervisor: ProjectionSupervisor | None) -> bool:
+    """Every runner of this process is leading or standing by (none is failing)."""
+    if supervisor is None:
+        return False
+    runners = supervisor.runners()
+    return bool(runners) and all(r["state"] in ("active", "standby") for r in runners)

@@ -1,0 +1,126 @@
+"""``turnlog serve``: the HTTP API, a worker and the projection runners in one process.
+
+``--role`` splits them: ``api`` (HTTP only: records commands, serves reads),
+``worker`` (executes turns), ``projections`` (keeps the read models), or
+``all`` (the default). Every role answers ``/healthz``, ``/readyz`` and
+``/metrics`` on its port; only ``api`` and ``all`` serve ``/v1``.
+
+SIGTERM (or Ctrl-C) is uvicorn's graceful shutdown: stop accepting, let
+in-flight requests finish (waits and event streams end early), then drain
+the worker and stop the runners.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import sys
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+
+from application.settings import Settings
+from interface.roles import Role
+
+GRACEFUL_SECONDS = 30
+
+
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option(help="Address to bind; non-loopback needs a token.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind.")] = 8000,
+    role: Annotated[Role, typer.Option(help="What this process runs.")] = Role.ALL,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=256, help="Turns one worker runs at once.")
+    ] = 4,
+) -> None:
+    """Serve the HTTP API with a worker and the projection runners (see --role)."""
+    settings: Settings = ctx.find_root().obj.settings()
+    refusal = open_bind_refusal(host, settings)
+    if refusal:
+        typer.echo(f"error: {refusal}", err=True)
+        raise typer.Exit(2)
+    configure_logging(settings.log_format)
+    from interface.http import create_app  # the CLI's other commands do not need FastAPI
+
+    app = create_app(settings, role=role, worker_concurrency=concurrency)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        server_header=False,
+    )
+    server = _Server(config, app.state.turnlog.draining)
+    server.run()
+    if not server.started:
+        raise typer.Exit(1)
+
+
+def open_bind_refusal(host: str, settings: Settings) -> str:
+    """Why binding ``host`` is refused ('' when it is allowed)."""
+    if _is_loopback(host) or settings.api_token is not None:
+        return ""
+    return (
+        f"refusing to serve on {host} without an API token: anyone who can reach it could "
+        "run agents and read every session. Set TURNLOG_API_TOKEN, or bind to 127.0.0.1."
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: we cannot tell, so it counts as exposed
+
+
+class _Server(uvicorn.Server):
+    """Uvicorn's server, also telling the app that a shutdown began.
+
+    Long waits (``?wait=``) and live event streams watch ``draining`` so they
+    end promptly instead of holding the graceful shutdown to its timeout.
+    """
+
+    def __init__(self, config: uvicorn.Config, draining: Any) -> None:
+        super().__init__(config)
+        self._draining = draining
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._draining.set()
+        super().handle_exit(sig, frame)
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in ("request_id", "session_id", "turn_id", "worker_id"):
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

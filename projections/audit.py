@@ -1,0 +1,238 @@
+"""Auditing the stored record: raw events, and proof that a stream is whole.
+
+``stream`` and ``log_page`` show events exactly as stored (position,
+version, topic, payload), with the time each was recorded decoded by the
+Sessions application's own mapper. ``verify_stream`` checks that a session's
+stream is whole and that everything derived from it agrees:
+
+1. versions run 1..N without gaps;
+2. every event decodes with the current code;
+3. the aggregate replays from the events alone (and loads the same way
+   through the repository, with snapshots);
+4. each read model's rows for the session equal the fold of the stream up
+   to that read model's position, and, once it has caught up, agree with the
+   replayed aggregate's own state.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from eventsourcing.persistence import StoredEvent, Tracking
+from psycopg import sql
+
+from application.errors import SessionNotFound
+from domain.session import Session
+from projections.catalog import ReadModel, read_models
+from projections.log import EventLog
+from projections.rebuild import compare
+from projections.rows import Row
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One stored event: where it is, what it is, and its payload as stored."""
+
+    position: int
+    session_id: UUID
+    version: int
+    topic: str
+    recorded_at: datetime | None  # None when the event does not decode
+    payload: Any
+    event: Any = field(default=None, repr=False, compare=False)
+    error: str = ""  # why it does not decode
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "session_id": str(self.session_id),
+            "version": self.version,
+            "topic": self.topic,
+            "recorded_at": self.recorded_at.isoformat() if self.recorded_at else None,
+            "payload": self.payload,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+@dataclass
+class StreamAudit:
+    """What ``verify_stream`` found: problems (empty when whole) and notes."""
+
+    session_id: UUID
+    events: int
+    last_position: int
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def stream(events: EventLog, session_id: UUID) -> list[StoredRecord]:
+    """Every stored event of one session, in version order."""
+    return _select(
+        events, sql.SQL("WHERE originator_id = %s ORDER BY originator_version"), [session_id]
+    )
+
+
+def log_page(events: EventLog, after: int = 0, limit: int = 100) -> list[StoredRecord]:
+    """Up to ``limit`` events of the whole log after position ``after``."""
+    return _select(
+        events,
+        sql.SQL("WHERE notification_id > %s ORDER BY notification_id LIMIT %s"),
+        [after, limit],
+    )
+
+
+def _select(events: EventLog, where: sql.Composable, params: list[Any]) -> list[StoredRecord]:
+    statement = sql.SQL(
+        "SELECT notification_id, originator_id, originator_version, topic, state FROM {}.{} {}"
+    ).format(sql.Identifier(events.schema), sql.Identifier(events.events_table), where)
+    with events.datastore.get_connection() as conn:
+        rows = conn.execute(statement, params).fetchall()
+    return [_record(events, row) for row in rows]
+
+
+def _record(events: EventLog, row: Any) -> StoredRecord:
+    state = bytes(row["state"])
+    stored = StoredEvent(row["originator_id"], row["originator_version"], row["topic"], state)
+    try:
+        event, error = events.sessions.mapper.to_domain_event(stored), ""
+    except Exception as exc:
+        event, error = None, f"{type(exc).__name__}: {exc}"
+    try:
+        payload: Any = json.loads(state)
+    except ValueError:
+        payload = state.decode("utf-8", "replace")
+    return StoredRecord(
+        position=row["notification_id"],
+        session_id=row["originator_id"],
+        version=row["originator_version"],
+        topic=row["topic"],
+        recorded_at=getattr(event, "timestamp", None),
+        payload=payload,
+        event=event,
+        error=error,
+    )
+
+
+def verify_stream(events: EventLog, session_id: UUID) -> StreamAudit:
+    """Check one session's stream and what is derived from it; see the module docstring."""
+    records = stream(events, session_id)
+    if not records:
+        raise SessionNotFound(f"session {session_id} has no stored events")
+    audit = StreamAudit(session_id, len(records), max(r.position for r in records))
+    _check_versions(records, audit)
+    for r in records:
+        if r.error:
+            audit.problems.append(
+                f"event version {r.version} (position {r.position}, {r.topic}) "
+                f"does not decode: {r.error}"
+            )
+    session = _replay(records, audit) if not any(r.error for r in records) else None
+    if session is not None:
+        _check_repository(events, session, audit)
+    decoded = [(r.event, Tracking(events.application_name, r.position)) for r in records if r.event]
+    for model in read_models():
+        _check_read_model(events, model, session_id, decoded, session, audit)
+    return audit
+
+
+def _check_versions(records: list[StoredRecord], audit: StreamAudit) -> None:
+    versions = [r.version for r in records]
+    missing = sorted(set(range(1, max(versions) + 1)) - set(versions))
+    if missing:
+        audit.problems.append(
+            f"version gap: version(s) {', '.join(map(str, missing))} missing "
+            f"from a stream of versions 1..{max(versions)}"
+        )
+
+
+def _replay(records: list[StoredRecord], audit: StreamAudit) -> Session | None:
+    aggregate: Any = None
+    for r in records:
+        try:
+            aggregate = r.event.mutate(aggregate)
+        except Exception as exc:
+            audit.problems.append(
+                f"replay fails at version {r.version} ({r.topic}): {type(exc).__name__}: {exc}"
+            )
+            return None
+    if not isinstance(aggregate, Session):
+        audit.problems.append(f"the stream replays to {type(aggregate).__name__}, not a Session")
+        return None
+    return aggregate
+
+
+def _check_repository(events: EventLog, session: Session, audit: StreamAudit) -> None:
+    try:
+        loaded = events.sessions.get_session(session.id)
+    except Exception as exc:
+        audit.problems.append(
+            f"the repository cannot load the session: {type(exc).__name__}: {exc}"
+        )
+        return
+    if loaded.version != session.version:
+        audit.problems.append(
+            f"the repository (with snapshots) loads version {loaded.version}, "
+            f"the events replay to version {session.version}"
+        )
+
+
+def _check_read_model(
+    events: EventLog,
+    model: ReadModel,
+    session_id: UUID,
+    decoded: list[tuple[Any, Tracking]],
+    session: Session | None,
+    audit: StreamAudit,
+) -> None:
+    view = model.postgres_view(events.datastore)
+    position, live = view.snapshot(events.application_name, {"session_id": session_id})
+    memory = model.memory_view()
+    projection = model.projection(memory)
+    for event, tracking in decoded:
+        if tracking.notification_id <= position:
+            projection.process_event(event, tracking)
+    for difference in compare(model.table, live, memory.rows.all()):
+        audit.problems.append(f"read model {model.name}: {difference.describe()}")
+    if position < audit.last_position:
+        audit.notes.append(
+            f"read model {model.name} is at position {position}, before this stream's last "
+            f"event ({audit.last_position}); compared up to its position"
+        )
+    elif session is not None:
+        audit.problems.extend(
+            f"read model {model.name} disagrees with the aggregate: {p}"
+            for p in disagreements(model.name, session, live)
+        )
+
+
+def disagreements(name: str, session: Session, rows: list[Row]) -> list[str]:
+    """How a read model's rows for a session contradict the aggregate's own state."""
+    if name == "sessions":
+        expected = {
+            "status": session.status,
+            "closed": session.closed,
+            "turn_count": len(session.turns),
+            "last_turn_state": str(session.last_turn.state) if session.last_turn else None,
+            "version": session.version,
+        }
+        actual = [{k: r.get(k) for k in expected} for r in rows]
+        return [] if actual == [expected] else [f"row {actual}, aggregate {expected}"]
+    if name == "open_turns":
+        want = {
+            t.turn_id: (str(t.state), sorted(c.call_id for c in session.unknown_calls(t)))
+            for t in session.turns
+            if t.state.is_open
+        }
+        have = {r["turn_id"]: (r["state"], sorted(r["unknown_call_ids"])) for r in rows}
+        return [] if have == want else [f"rows {have}, aggregate {want}"]
+    want_calls = {c.call_id: (str(c.state), c.attempt, c.name) for c in session.calls.values()}
+    have_calls = {r["call_id"]: (r["state"], r["attempt"], r["tool"]) for r in rows}
+    return [] if have_calls == want_calls else [f"rows {have_calls}, aggregate {want_calls}"]

@@ -1,0 +1,211 @@
+"""Queries over the read models: what the HTTP API and the CLI read.
+
+Lists are keyset-paginated. A cursor is an opaque string (base64 of the
+last row's sort key, tagged with the list it belongs to); anything that is
+not a cursor this list handed out is refused as ``InvalidCursor`` (422).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from uuid import UUID
+
+from psycopg import sql
+
+from application.database import Database
+from application.errors import InvalidCursor, InvalidQuery
+from application.sessions import Sessions
+from application.settings import Settings
+from projections import open_turns, sessions_view, tool_calls
+from projections.catalog import READ_MODELS, read_models
+from projections.log import EventLog, create_tables, open_log
+from projections.rows import Key, Row, as_json
+from projections.status import projection_status
+
+MAX_LIMIT = 500
+MAX_CURSOR_CHARS = 512
+WAIT_POLL_SECONDS = 0.02
+
+Page = tuple[list[dict[str, Any]], str | None]
+
+
+class ReadModels:
+    """The read models of one namespace: lists, read-your-writes waits and status.
+
+    Pass ``sessions`` to share that application's connection pool; otherwise
+    a pool of its own is opened (sizes from settings). Safe to share between
+    threads.
+    """
+
+    def __init__(self, db: Database, settings: Settings, *, sessions: Sessions | None = None):
+        self.db = db
+        self.settings = settings
+        self._owns_log = sessions is None
+        self.events = EventLog(sessions) if sessions is not None else open_log(db, settings)
+        create_tables(db, self.events, read_models())
+        datastore = self.events.datastore
+        self._sessions = sessions_view.PostgresSessionsView(
+            datastore, tracking_table_name=READ_MODELS["sessions"].tracking_table
+        )
+        self._open_turns = open_turns.PostgresOpenTurnsView(
+            datastore, tracking_table_name=READ_MODELS["open_turns"].tracking_table
+        )
+        self._tool_calls = tool_calls.PostgresToolCallsView(
+            datastore, tracking_table_name=READ_MODELS["tool_calls"].tracking_table
+        )
+
+    def list_sessions(
+        self, status: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page:
+        """Sessions, newest activity first; ``status``: idle, busy, blocked or closed."""
+        _check_choice("status", status, sessions_view.STATUSES)
+        limit = _check_limit(limit)
+        after = decode_cursor(cursor, "sessions", (int,))
+        rows = self._sessions.list_sessions(status, limit + 1, after[0] if after else None)
+        return _page(rows, limit, "sessions", lambda r: (r["last_position"],))
+
+    def list_open_turns(
+        self, state: str | None = None, limit: int = 50, cursor: str | None = None
+    ) -> Page:
+        """Open turns, oldest first; ``state``: queued, running or interrupted."""
+        _check_choice("state", state, open_turns.STATES)
+        limit = _check_limit(limit)
+        after = decode_cursor(cursor, "open_turns", (int,))
+        rows = self._open_turns.list_open_turns(state, limit + 1, after[0] if after else None)
+        return _page(rows, limit, "open_turns", lambda r: (r["submitted_position"],))
+
+    def count_open_turns(self, state: str | None = None) -> int:
+        """How many turns are open (in ``state``, if given)."""
+        _check_choice("state", state, open_turns.STATES)
+        return self._open_turns.count({"state": state} if state else {})
+
+    def list_tool_calls(
+        self,
+        status: str | None = None,
+        session_id: str | UUID | None = None,
+        tool: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Tool calls, most recently requested first, filtered by state, session and tool."""
+        _check_choice("status", status, tool_calls.STATES)
+        limit = _check_limit(limit)
+        filters: dict[str, Any] = {}
+        if status:
+            filters["state"] = status
+        if session_id:
+            filters["session_id"] = _check_uuid(session_id)
+        if tool:
+            filters["tool"] = tool
+        after = decode_cursor(cursor, "tool_calls", (int, str))
+        rows = self._tool_calls.list_tool_calls(
+            filters, limit + 1, (after[0], after[1]) if after else None
+        )
+        return _page(rows, limit, "tool_calls", lambda r: (r["requested_position"], r["call_id"]))
+
+    def positions(self, names: Sequence[str] | None = None) -> dict[str, int]:
+        """Each read model's position (0 before its first batch), in one query."""
+        models = read_models(names)
+        statement = sql.SQL("SELECT {}").format(
+            sql.SQL(", ").join(
+                sql.SQL(
+                    "coalesce((SELECT notification_id FROM {}.{} WHERE application_name = %s), 0)"
+                    " AS {}"
+                ).format(
+                    sql.Identifier(self.events.schema),
+                    sql.Identifier(m.tracking_table),
+                    sql.Identifier(m.name),
+                )
+                for m in models
+            )
+        )
+        params = [self.events.application_name] * len(models)
+        with self.events.datastore.get_connection() as conn:
+            row = conn.execute(statement, params).fetchone()
+        values = list(row.values()) if isinstance(row, dict) else list(row or ())
+        return {m.name: int(v) for m, v in zip(models, values, strict=True)}
+
+    def wait_for(
+        self, position: int | None, timeout: float, names: list[str] | None = None
+    ) -> bool:
+        """Wait (at most ``timeout`` s) until the read models have processed ``position``.
+
+        Every event is tracked, so any position of the log is reached once
+        processed. Returns False on timeout; never raises for a slow runner.
+        """
+        if position is None or position <= 0:
+            return True
+        read_models(names)  # unknown names are refused before waiting
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            if min(self.positions(names).values()) >= position:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(WAIT_POLL_SECONDS, remaining))
+
+    def status(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Each read model's position, the log head, lag, and whether a runner holds it."""
+        return projection_status(self.events, self.settings.namespace, read_models(names))
+
+    def close(self) -> None:
+        if self._owns_log:
+            self.events.close()
+
+
+def encode_cursor(kind: str, key: Key) -> str:
+    raw = json.dumps([kind, *key], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(cursor: str | None, kind: str, types: tuple[type, ...]) -> Key | None:
+    """The sort key a cursor carries; None for no cursor; InvalidCursor for anything else."""
+    if cursor is None or cursor == "":
+        return None
+    refused = InvalidCursor(f"cursor {cursor[:40]!r} is not a cursor of this list")
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
+        raise refused
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        data = json.loads(raw)
+    except (ValueError, binascii.Error, UnicodeError):
+        raise refused from None
+    if not isinstance(data, list) or len(data) != len(types) + 1 or data[0] != kind:
+        raise refused
+    values = tuple(data[1:])
+    for value, expected in zip(values, types, strict=True):
+        if not isinstance(value, expected) or isinstance(value, bool):
+            raise refused
+    return values
+
+
+def _page(rows: list[Row], limit: int, kind: str, key: Callable[[Row], Key]) -> Page:
+    items = rows[:limit]
+    following = encode_cursor(kind, key(items[-1])) if len(rows) > limit and items else None
+    return [as_json(r) for r in items], following
+
+
+def _check_limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidQuery(f"limit must be an integer from 1 to {MAX_LIMIT}")
+    return limit
+
+
+def _check_choice(what: str, value: str | None, choices: Sequence[str]) -> None:
+    if value is not None and value != "" and value not in choices:
+        raise InvalidQuery(f"{what} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_uuid(value: str | UUID) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise InvalidQuery(f"session_id {value!r} is not a valid id") from None

@@ -1,0 +1,212 @@
+"""Rebuilding read models from position 0, and verifying them against the log.
+
+Rebuild holds the read models' runner locks (so no runner writes meanwhile),
+resets each view (rows and position deleted in one transaction; the
+tracking table is never truncated), then folds the log in batches: many
+events per transaction and one tracking update per batch. A standby runner
+takes over from the rebuilt position when the locks are released.
+
+Verify folds the log in memory up to each read model's position, with the
+same projection code, and compares the result with the live table row by
+row. It reads the live table and its position in one snapshot, so it can run
+while a runner is writing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from application.database import Database, connect
+from application.errors import ProjectionBusy
+from projections.catalog import ReadModel
+from projections.log import EventLog, create_tables
+from projections.rows import Key, Row, Table
+from projections.runner import STANDBY_INTERVAL, projection_lock_key
+from projections.status import lock_holder
+from projections.view import MemoryView, fold_batch
+
+REBUILD_BATCH = 2000
+VERIFY_BATCH = 5000
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """What a rebuild did: read models, events folded, time taken."""
+
+    names: list[str]
+    events: int
+    position: int
+    seconds: float
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds > 0 else 0.0
+
+
+@contextmanager
+def holding_locks(
+    db: Database, namespace: str, models: Sequence[ReadModel], wait: float = 0.0
+) -> Iterator[None]:
+    """Hold the runner locks of ``models`` (the same ones runners take) on one connection.
+
+    Waits up to ``wait`` seconds for runners to let go; then ``ProjectionBusy``
+    naming the holder. Closing the connection releases every lock, also on
+    errors and crashes.
+    """
+    conn = connect(db, application_name=f"turnlog-rebuild {namespace}"[:63])
+    try:
+        pending = list(models)
+        deadline = time.monotonic() + wait
+        while True:
+            pending = [m for m in pending if not _try_lock(conn, namespace, m.name)]
+            if not pending:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                held = ", ".join(
+                    f"{m.name} (held by {lock_holder(conn, namespace, m.name) or 'a runner'})"
+                    for m in pending
+                )
+                raise ProjectionBusy(
+                    f"a live runner holds {held}; stop it (or wait for it) and rebuild again"
+                )
+            time.sleep(min(STANDBY_INTERVAL, remaining))
+        yield
+    finally:
+        conn.close()
+
+
+def _try_lock(conn: Any, namespace: str, name: str) -> bool:
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(%s)", (projection_lock_key(namespace, name),)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def rebuild(
+    events: EventLog,
+    db: Database,
+    namespace: str,
+    models: Sequence[ReadModel],
+    *,
+    batch_size: int = REBUILD_BATCH,
+    wait: float = 0.0,
+    progress: Progress | None = None,
+) -> Rebuilt:
+    """Reset ``models`` and fold the whole log into them again, in batches."""
+    started = time.monotonic()
+    report = progress or (lambda done, total: None)
+    create_tables(db, events, models)
+    with holding_locks(db, namespace, models, wait):
+        views = [model.postgres_view(events.datastore) for model in models]
+        for view in views:
+            view.reset(events.application_name)
+        workers = [
+            (view, model.projection(view)) for model, view in zip(models, views, strict=True)
+        ]
+        head = events.head()  # events recorded from now on are left to the runners
+        total = events.count_after(0)
+        done = position = 0
+        report(done, total)
+        while position < head:
+            notifications = events.read(position, batch_size, stop=head)
+            if not notifications:
+                break
+            pairs = events.decode(notifications)
+            for view, projection in workers:
+                fold_batch(view, projection, position, pairs)
+            position = notifications[-1].id
+            done += len(notifications)
+            report(done, max(total, done))
+    return Rebuilt([m.name for m in models], done, position, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One way a live row differs from the row the log folds to."""
+
+    key: Key
+    kind: str  # "missing" (only in the fold), "unexpected" (only live), "changed"
+    column: str = ""
+    live: Any = None
+    expected: Any = None
+
+    def describe(self) -> str:
+        key = ", ".join(str(k) for k in self.key)
+        if self.kind == "missing":
+            return f"row ({key}) is missing from the live table"
+        if self.kind == "unexpected":
+            return f"row ({key}) is in the live table but not in the log's fold"
+        return f"row ({key}) column {self.column}: live {self.live!r}, expected {self.expected!r}"
+
+
+@dataclass
+class Verified:
+    """The result of verifying one read model."""
+
+    name: str
+    position: int
+    rows: int
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+
+def verify(events: EventLog, models: Sequence[ReadModel]) -> list[Verified]:
+    """Compare each live read model with an in-memory fold of the log up to its position."""
+    snapshots = [
+        model.postgres_view(events.datastore).snapshot(events.application_name) for model in models
+    ]
+    folds = fold_in_memory(events, [(m, p) for m, (p, _) in zip(models, snapshots, strict=True)])
+    return [
+        Verified(model.name, position, len(live), compare(model.table, live, fold.rows.all()))
+        for model, (position, live), fold in zip(models, snapshots, folds, strict=True)
+    ]
+
+
+def fold_in_memory(
+    events: EventLog, targets: Sequence[tuple[ReadModel, int]], *, batch_size: int = VERIFY_BATCH
+) -> list[MemoryView]:
+    """Fold the log into in-memory views, each up to its own position; one pass over the log."""
+    views = [model.memory_view() for model, _ in targets]
+    projections = [model.projection(view) for (model, _), view in zip(targets, views, strict=True)]
+    stop = max((position for _, position in targets), default=0)
+    position = 0
+    while position < stop:
+        notifications = events.read(position, batch_size, stop=stop)
+        if not notifications:
+            break
+        for event, tracking in events.decode(notifications):
+            for (_, upto), projection in zip(targets, projections, strict=True):
+                if tracking.notification_id <= upto:
+                    projection.process_event(event, tracking)
+        position = notifications[-1].id
+    return views
+
+
+def compare(table: Table, live: Sequence[Row], expected: Sequence[Row]) -> list[Difference]:
+    """Row-by-row differences between live rows and expected rows, by primary key."""
+    live_rows = {table.key_of(r): r for r in live}
+    expected_rows = {table.key_of(r): r for r in expected}
+    differences = []
+    for key in sorted(live_rows.keys() | expected_rows.keys(), key=str):
+        have, want = live_rows.get(key), expected_rows.get(key)
+        if have is None:
+            differences.append(Difference(key, "missing"))
+        elif want is None:
+            differences.append(Difference(key, "unexpected"))
+        else:
+            differences.extend(
+                Difference(key, "changed", name, have.get(name), want.get(name))
+                for name in table.names
+                if have.get(name) != want.get(name)
+            )
+    return differences

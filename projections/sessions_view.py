@@ -1,0 +1,191 @@
+"""The ``sessions`` read model: one row per session, newest activity first.
+
+Status follows ``Session.status``: ``closed`` once closed, otherwise from
+the last turn: ``busy`` (queued or running), ``blocked`` (interrupted),
+``idle`` (no turn, or the last one completed, failed or was abandoned).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventsourcing.dispatch import singledispatchmethod
+from eventsourcing.persistence import Tracking
+from eventsourcing.projection import Projection
+
+from domain.session import Session
+from domain.turns import TurnState
+from projections.rows import Row, Rows, Table, session_scope
+from projections.view import PostgresReadModelView, ReadModelView
+
+STATUSES = ("idle", "busy", "blocked", "closed")
+
+TABLE = Table(
+    columns=(
+        ("session_id", "uuid"),
+        ("title", "text"),
+        ("status", "text"),
+        ("closed", "boolean"),
+        ("turn_count", "integer"),
+        ("last_turn_id", "text"),
+        ("last_turn_state", "text"),
+        ("unknown_call_ids", "text[]"),
+        ("created_by", "text"),
+        ("created_at", "timestamptz"),
+        ("last_activity_at", "timestamptz"),
+        ("last_position", "bigint"),
+        ("version", "bigint"),
+    ),
+    key=("session_id",),
+    scope=("session_id",),
+    scope_of=session_scope,
+    indexes=(("last_position",), ("status", "last_position")),
+)
+
+
+def status_of(closed: bool, last_turn_state: str | None) -> str:
+    """The session's status as ``Session.status`` computes it."""
+    if closed:
+        return "closed"
+    if last_turn_state in (TurnState.QUEUED, TurnState.RUNNING):
+        return "busy"
+    if last_turn_state == TurnState.INTERRUPTED:
+        return "blocked"
+    return "idle"
+
+
+class PostgresSessionsView(PostgresReadModelView):
+    """The sessions table in PostgreSQL, and its list query."""
+
+    table = TABLE
+
+    def list_sessions(self, status: str | None, limit: int, after: int | None) -> list[Row]:
+        """Sessions by latest activity (log position), newest first."""
+        return self.select(
+            {"status": status} if status else {},
+            ("last_position",),
+            descending=True,
+            after=None if after is None else (after,),
+            limit=limit,
+        )
+
+
+class SessionsProjection(Projection[ReadModelView]):
+    """Folds every session event into its session's row."""
+
+    name = "sessions_view"
+
+    @singledispatchmethod
+    def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+        """Any other event: only the activity, position and version move."""
+        with self.view.change(domain_event, tracking) as rows:
+            _advance(rows, domain_event, tracking)
+
+    @process_event.register
+    def _(self, event: Session.SessionStarted, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            rows.put(
+                {
+                    "session_id": event.originator_id,
+                    "title": event.title,
+                    "status": status_of(False, None),
+                    "closed": False,
+                    "turn_count": 0,
+                    "last_turn_id": None,
+                    "last_turn_state": None,
+                    "unknown_call_ids": [],
+                    "created_by": event.created_by,
+                    "created_at": event.timestamp,
+                    "last_activity_at": event.timestamp,
+                    "last_position": tracking.notification_id,
+                    "version": event.originator_version,
+                }
+            )
+
+    @process_event.register
+    def _(self, event: Session.TurnSubmitted, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            row = rows.get((event.originator_id,))
+            count = row["turn_count"] + 1 if row else 0
+            _advance(
+                rows,
+                event,
+                tracking,
+                turn_count=count,
+                last_turn_id=event.turn_id,
+                last_turn_state=TurnState.QUEUED.value,
+                unknown_call_ids=[],
+            )
+
+    @process_event.register
+    def _(self, event: Session.TurnClaimed, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, TurnState.RUNNING)
+
+    @process_event.register(Session.TurnCompleted)
+    @process_event.register(Session.TurnAbandoned)
+    def _(self, event: Any, tracking: Tracking) -> None:
+        state = (
+            TurnState.COMPLETED if isinstance(event, Session.TurnCompleted) else TurnState.ABANDONED
+        )
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, state, unknown_call_ids=[])
+
+    @process_event.register
+    def _(self, event: Session.TurnFailed, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, TurnState.FAILED, unknown_call_ids=[])
+
+    @process_event.register
+    def _(self, event: Session.TurnInterrupted, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(
+                rows, event, tracking, TurnState.INTERRUPTED, unknown_call_ids=list(event.call_ids)
+            )
+
+    @process_event.register
+    def _(self, event: Session.ToolCallResolved, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            row = rows.get((event.originator_id,))
+            if row is None or row["last_turn_id"] != event.turn_id:
+                _advance(rows, event, tracking)
+                return
+            remaining = [c for c in row["unknown_call_ids"] if c != event.call_id]
+            if remaining:
+                _advance(rows, event, tracking, unknown_call_ids=remaining)
+            else:
+                # Every outcome is known again: the turn waits for a new owner.
+                _advance_turn(rows, event, tracking, TurnState.RUNNING, unknown_call_ids=[])
+
+    @process_event.register
+    def _(self, event: Session.SessionClosed, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance(rows, event, tracking, closed=True)
+
+
+def _advance(rows: Rows, event: Any, tracking: Tracking, **changes: Any) -> None:
+    """Apply ``changes`` to the session's row; activity, position and version always move."""
+    row = rows.get((event.originator_id,))
+    if row is None:
+        return  # an event before its session started: nothing to show it on
+    row = {
+        **row,
+        **changes,
+        "last_activity_at": event.timestamp,
+        "last_position": tracking.notification_id,
+        "version": event.originator_version,
+    }
+    row["status"] = status_of(row["closed"], row["last_turn_state"])
+    rows.put(row)
+
+
+def _advance_turn(
+    rows: Rows, event: Any, tracking: Tracking, state: TurnState, **changes: Any
+) -> None:
+    """Move the last turn to ``state`` (if the event is about the last turn)."""
+    row = rows.get((event.originator_id,))
+    if row is not None and row["last_turn_id"] == event.turn_id:
+        changes["last_turn_state"] = state.value
+    else:
+        changes = {}
+    _advance(rows, event, tracking, **changes)

@@ -1,0 +1,319 @@
+"""The views projections write through: Postgres (exactly once) and in memory.
+
+This is the library's exactly-once pattern (a ``PostgresTrackingRecorder``
+subclass whose writes record the tracking position in the same transaction
+as the view rows), extended in one way: a *batch* of events is folded in
+memory and written with ONE tracking update, so catching up and rebuilding
+cost one transaction per batch instead of one per event.
+
+Outside a batch the view behaves like the library's examples: every event is
+its own transaction, and the library's ``ProjectionRunner`` can drive it
+unchanged (the benchmark does, as its baseline).
+
+A view instance belongs to one thread at a time: the open batch is state of
+the instance.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from eventsourcing.persistence import Tracking, TrackingRecorder
+from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
+from eventsourcing.projection import Projection
+from psycopg import Cursor, sql
+from psycopg.rows import DictRow
+
+from application.errors import ProjectionConflict
+from projections.rows import Key, Row, Rows, Table
+
+
+class ReadModelView(TrackingRecorder, ABC):
+    """What a projection's handlers write through: the rows an event changes."""
+
+    table: Table
+
+    @abstractmethod
+    def change(self, event: Any, tracking: Tracking) -> AbstractContextManager[Rows]:
+        """The rows ``event`` may change; the changes are recorded with ``tracking``."""
+
+
+class MemoryView(ReadModelView):
+    """All rows of a read model in memory: the reference fold for verify and audit."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+        self.rows = Rows(table)
+        self._positions: dict[str, int] = {}
+
+    @contextmanager
+    def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
+        self.insert_tracking(tracking)
+        yield self.rows
+        self.rows.clear_pending()
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        current = self._positions.get(tracking.application_name, 0)
+        self._positions[tracking.application_name] = max(current, tracking.notification_id)
+
+    def max_tracking_id(self, application_name: str) -> int | None:
+        return self._positions.get(application_name)
+
+
+class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
+    """A read model's table and its tracking table, written exactly once per event.
+
+    The table is named after the tracking table (``<name>_tracking`` →
+    ``<name>``), so the library's factory, which names the tracking table
+    after the projection, also decides the view's table.
+    """
+
+    def __init__(
+        self, datastore: PostgresDatastore, *, tracking_table_name: str, **kwargs: Any
+    ) -> None:
+        super().__init__(datastore, tracking_table_name=tracking_table_name, **kwargs)
+        self.table_name = tracking_table_name.removesuffix("_tracking")
+        self.check_identifier_length(self.table_name)
+        self._batch: Rows | None = None
+        self._batch_position: int | None = None
+        self._compose_statements()
+
+    # ---------------------------------------------------------------- writing
+
+    @contextmanager
+    def batch(
+        self, application_name: str, expected: int | None, scopes: Iterable[Key]
+    ) -> Iterator[None]:
+        """Fold many events in one transaction with one tracking update.
+
+        ``expected`` is the position the caller read before selecting the
+        batch. The tracking row is locked and compared with it first: if
+        another runner advanced it meanwhile, the batch is refused
+        (``ProjectionConflict``) instead of applying events twice. The
+        library's own check (the tracking upsert only moves forward) is not
+        enough for batches of different lengths.
+        """
+        with self.datastore.transaction(commit=True) as curs:
+            self._claim_position(curs, application_name, expected)
+            rows = self._load(curs, scopes)
+            self._batch, self._batch_position = rows, None
+            try:
+                yield
+            finally:
+                self._batch = None
+            if self._batch_position is not None:
+                self._flush(curs, rows)
+                self._insert_tracking(curs, Tracking(application_name, self._batch_position))
+
+    @contextmanager
+    def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
+        if self._batch is not None:
+            self._batch_position = tracking.notification_id
+            yield self._batch
+            return
+        # One event, one transaction: the library's pattern.
+        with self.datastore.transaction(commit=True) as curs:
+            self._insert_tracking(curs, tracking)
+            scope = self.table.scope_of(event)
+            rows = self._load(curs, [scope] if scope is not None else [])
+            yield rows
+            self._flush(curs, rows)
+
+    def insert_tracking(self, tracking: Tracking) -> None:
+        """Track an event the projection ignores (inside a batch: at the batch's end)."""
+        if self._batch is not None:
+            self._batch_position = tracking.notification_id
+            return
+        super().insert_tracking(tracking)
+
+    def reset(self, application_name: str) -> None:
+        """Delete every row and the position, in one transaction (never TRUNCATE tracking)."""
+        with self.datastore.transaction(commit=True) as curs:
+            curs.execute(self._delete_all)
+            curs.execute(self._delete_position, (application_name,))
+
+    # ---------------------------------------------------------------- reading
+
+    def position(self, application_name: str) -> int:
+        return self.max_tracking_id(application_name) or 0
+
+    def select(
+        self,
+        filters: Mapping[str, Any],
+        order: Sequence[str],
+        *,
+        descending: bool,
+        after: Key | None,
+        limit: int,
+    ) -> list[Row]:
+        """One keyset page: rows matching ``filters`` (column = value), past ``after``."""
+        conditions = [sql.SQL("{} = %s").format(sql.Identifier(column)) for column in filters]
+        params: list[Any] = list(filters.values())
+        columns = sql.SQL(", ").join(sql.Identifier(c) for c in order)
+        if after is not None:
+            conditions.append(
+                sql.SQL("({}) {} ({})").format(
+                    columns,
+                    sql.SQL("<" if descending else ">"),
+                    sql.SQL(", ").join(sql.Placeholder() * len(order)),
+                )
+            )
+            params.extend(after)
+        direction = sql.SQL(" DESC" if descending else "")
+        statement = sql.SQL("SELECT {} FROM {} {} ORDER BY {} LIMIT %s").format(
+            self._column_list,
+            self._qualified,
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
+            sql.SQL(", ").join(sql.Identifier(c) + direction for c in order),
+        )
+        params.append(limit)
+        with self.datastore.get_connection() as conn:
+            return [dict(r) for r in conn.execute(statement, params).fetchall()]
+
+    def count(self, filters: Mapping[str, Any]) -> int:
+        """How many rows match ``filters`` (column = value)."""
+        conditions = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in filters]
+        statement = sql.SQL("SELECT count(*) AS n FROM {} {}").format(
+            self._qualified,
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
+        )
+        with self.datastore.get_connection() as conn:
+            row = conn.execute(statement, list(filters.values())).fetchone()
+        return int(row["n"]) if row else 0
+
+    def snapshot(
+        self, application_name: str, filters: Mapping[str, Any] | None = None
+    ) -> tuple[int, list[Row]]:
+        """The position and the rows (matching ``filters``) as one consistent snapshot."""
+        filters = filters or {}
+        conditions = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in filters]
+        statement = sql.SQL("SELECT {} FROM {} {}").format(
+            self._column_list,
+            self._qualified,
+            sql.SQL("WHERE ") + sql.SQL(" AND ").join(conditions) if conditions else sql.SQL(""),
+        )
+        with self.datastore.get_connection() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            found = conn.execute(self._select_position, (application_name,)).fetchone()
+            rows = [dict(r) for r in conn.execute(statement, list(filters.values())).fetchall()]
+        return (found["notification_id"] if found else 0), rows
+
+    # ---------------------------------------------------------------- SQL
+
+    def _claim_position(
+        self, curs: Cursor[DictRow], application_name: str, expected: int | None
+    ) -> None:
+        curs.execute(self._ensure_position, (application_name,), prepare=True)
+        found = curs.execute(self._lock_position, (application_name,), prepare=True).fetchone()
+        current = found["notification_id"] if found else 0
+        if current != (expected or 0):
+            raise ProjectionConflict(
+                f"{self.table_name} is at position {current}, not {expected or 0}: "
+                "another runner advanced it"
+            )
+
+    def _load(self, curs: Cursor[DictRow], scopes: Iterable[Key]) -> Rows:
+        wanted = list(dict.fromkeys(scopes))
+        if not wanted:
+            return Rows(self.table)
+        columns = [list(values) for values in zip(*wanted, strict=True)]
+        found = curs.execute(self._load_rows, columns).fetchall()
+        return Rows(self.table, (dict(r) for r in found))
+
+    def _flush(self, curs: Cursor[DictRow], rows: Rows) -> None:
+        upserts, deletes = rows.pending()
+        if upserts:
+            names = self.table.names
+            curs.executemany(self._upsert, [tuple(r[n] for n in names) for r in upserts])
+        if deletes:
+            curs.executemany(self._delete, deletes)
+        rows.clear_pending()
+
+    def _compose_statements(self) -> None:
+        table = self.table
+        ident = sql.Identifier
+        self._qualified = sql.SQL("{}.{}").format(
+            ident(self.datastore.schema), ident(self.table_name)
+        )
+        tracking = sql.SQL("{}.{}").format(
+            ident(self.datastore.schema), ident(self.tracking_table_name)
+        )
+        self._column_list = sql.SQL(", ").join(ident(c) for c in table.names)
+        keys = sql.SQL(", ").join(ident(c) for c in table.key)
+        self.sql_create_statements.append(
+            sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}, PRIMARY KEY ({}))").format(
+                self._qualified,
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(ident(name), sql.SQL(sql_type))
+                    for name, sql_type in table.columns
+                ),
+                keys,
+            )
+        )
+        for columns in table.indexes:
+            index_name = f"{self.table_name}_{'_'.join(columns)}_idx"[: self.MAX_IDENTIFIER_LEN]
+            self.sql_create_statements.append(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({})").format(
+                    ident(index_name),
+                    self._qualified,
+                    sql.SQL(", ").join(ident(c) for c in columns),
+                )
+            )
+        self._load_rows = sql.SQL(
+            "SELECT {} FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))"
+        ).format(
+            self._column_list,
+            self._qualified,
+            sql.SQL(", ").join(ident(c) for c in table.scope),
+            sql.SQL(", ").join(
+                sql.SQL("%s::{}[]").format(sql.SQL(table.sql_type(c))) for c in table.scope
+            ),
+        )
+        updates = [c for c in table.names if c not in table.key]
+        self._upsert = sql.SQL(
+            "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}"
+        ).format(
+            self._qualified,
+            self._column_list,
+            sql.SQL(", ").join(sql.Placeholder() * len(table.names)),
+            keys,
+            sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(ident(c)) for c in updates),
+        )
+        self._delete = sql.SQL("DELETE FROM {} WHERE {}").format(
+            self._qualified,
+            sql.SQL(" AND ").join(sql.SQL("{} = %s").format(ident(c)) for c in table.key),
+        )
+        self._delete_all = sql.SQL("DELETE FROM {}").format(self._qualified)
+        self._delete_position = sql.SQL("DELETE FROM {} WHERE application_name = %s").format(
+            tracking
+        )
+        self._ensure_position = sql.SQL(
+            "INSERT INTO {} (application_name, notification_id) VALUES (%s, 0)"
+            " ON CONFLICT (application_name) DO NOTHING"
+        ).format(tracking)
+        self._lock_position = sql.SQL(
+            "SELECT notification_id FROM {} WHERE application_name = %s FOR UPDATE"
+        ).format(tracking)
+        self._select_position = sql.SQL(
+            "SELECT notification_id FROM {} WHERE application_name = %s"
+        ).format(tracking)
+
+
+def fold_batch(
+    view: PostgresReadModelView,
+    projection: Projection[ReadModelView],
+    expected: int,
+    events: Sequence[tuple[Any, Tracking]],
+) -> int:
+    """Apply decoded events to the view as one batch; returns the new position."""
+    if not events:
+        return expected
+    scopes = [s for s in (view.table.scope_of(e) for e, _ in events) if s is not None]
+    application_name = events[0][1].application_name
+    with view.batch(application_name, expected, scopes):
+        for event, tracking in events:
+            projection.process_event(event, tracking)
+    return events[-1][1].notification_id

@@ -1,0 +1,236 @@
+"""Turns over HTTP: submit, wait, conflicts, inspection and the operator's actions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from uuid import UUID
+
+import pytest
+from fastapi.testclient import TestClient
+
+from application.runtime import Runtime
+from application.settings import Settings
+from interface.bootstrap import build_runtime
+from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
+
+
+def test_a_submitted_turn_is_stored_before_the_202_answer(
+    api: TestClient, settings: Settings
+) -> None:
+    sid = new_session(api)
+
+    response = api.post(f"/v1/sessions/{sid}/turns", json={"message": "hello"})
+
+    assert response.status_code == 202
+    body = response.json()
+    assert body["state"] == "queued"
+    assert body["session_id"] == sid
+    assert body["message"] == "hello"
+    assert body["position"] > 0
+    # Another process (a fresh runtime) sees the queued turn in the log.
+    other = build_runtime(settings)
+    try:
+        stored = other.sessions.get_session(UUID(sid)).turn(body["turn_id"])
+        assert stored.state == "queued"
+    finally:
+        other.close()
+
+
+def test_a_second_turn_while_one_is_queued_is_409_turn_in_progress(api: TestClient) -> None:
+    sid = new_session(api)
+    first = api.post(f"/v1/sessions/{sid}/turns", json={"message": "one"}).json()
+
+    refused = problem(
+        api.post(f"/v1/sessions/{sid}/turns", json={"message": "two"}), 409, "turn_in_progress"
+    )
+    assert refused["turn_id"] == first["turn_id"]
+
+
+def test_a_repeated_turn_key_returns_the_original_turn_and_position(api: TestClient) -> None:
+    sid = new_session(api)
+    headers = {"Idempotency-Key": "turn-1"}
+    first = api.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"}, headers=headers)
+
+    again = api.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"}, headers=headers)
+
+    assert again.status_code == 202
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["turn_id"] == first.json()["turn_id"]
+    assert again.json()["position"] == first.json()["position"]
+    problem(
+        api.post(f"/v1/sessions/{sid}/turns", json={"message": "other"}, headers=headers),
+        409,
+        "idempotency_key_reused",
+    )
+
+
+def test_wait_returns_the_finished_turn_with_200(api: TestClient, runtime: Runtime) -> None:
+    sid = new_session(api)
+    worker = threading.Thread(target=_run_when_queued, args=(runtime, sid))
+    worker.start()
+
+    response = api.post(
+        f"/v1/sessions/{sid}/turns?wait=30", json={"message": "The codeword is heron"}
+    )
+    worker.join()
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "completed"
+    assert response.json()["reply"] == "Noted. I will remember the codeword."
+
+
+def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient) -> None:
+    sid = new_session(api)
+    started = time.monotonic()
+
+    response = api.post(f"/v1/sessions/{sid}/turns?wait=0.3", json={"message": "hi"})
+
+    assert response.status_code == 202
+    assert response.json()["state"] == "queued"
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("wait", ["0", "-1", "61", "soon"])
+def test_wait_outside_0_to_60_seconds_is_422(api: TestClient, wait: str) -> None:
+    sid = new_session(api)
+    problem(
+        api.post(f"/v1/sessions/{sid}/turns?wait={wait}", json={"message": "hi"}),
+        422,
+        "validation_error",
+    )
+
+
+def test_bad_messages_are_422_and_oversized_bodies_413_without_a_write(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    url = f"/v1/sessions/{sid}/turns"
+
+    problem(api.post(url, json={"message": "   "}), 422, "invalid_message")
+    problem(api.post(url, json={"message": "x" * (64 * 1024 + 1)}), 422, "invalid_message")
+    problem(api.post(url, json={}), 422, "validation_error")
+    problem(api.post(url, json={"message": "x" * (1024 * 1024)}), 413, "payload_too_large")
+    streamed = (b"x" * 65536 for _ in range(20))  # no Content-Length: counted as it arrives
+    problem(
+        api.post(url, content=streamed, headers={"content-type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
+    assert runtime.sessions.get_session(UUID(sid)).version == 1
+
+
+def test_an_unknown_session_or_turn_is_404(api: TestClient) -> None:
+    sid = new_session(api)
+    problem(
+        api.post(f"/v1/sessions/{UUID(int=1)}/turns", json={"message": "hi"}),
+        404,
+        "session_not_found",
+    )
+    problem(api.get(f"/v1/sessions/{sid}/turns/nope"), 404, "turn_not_found")
+
+
+def test_an_interrupted_turn_blocks_new_turns_listing_its_unknown_calls(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    turn_id, call_id = interrupt_a_turn(runtime, sid)
+
+    refused = problem(
+        api.post(f"/v1/sessions/{sid}/turns", json={"message": "next"}), 409, "unresolved_turn"
+    )
+
+    assert refused["turn_id"] == turn_id
+    [unknown] = refused["unknown_calls"]
+    assert unknown["call_id"] == call_id
+    assert unknown["name"] == "append_file"
+    assert unknown["arguments"] == APPEND
+    assert unknown["started_at"]
+    assert api.get(f"/v1/sessions/{sid}").json()["status"] == "blocked"
+
+
+def test_inspecting_an_interrupted_turn_shows_calls_attempts_and_previous_worker(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    turn_id, call_id = interrupt_a_turn(runtime, sid)
+
+    turn = api.get(f"/v1/sessions/{sid}/turns/{turn_id}").json()
+
+    assert turn["state"] == "interrupted"
+    assert turn["previous_worker"] == "gone:1:dead"
+    assert turn["unknown_call_ids"] == [call_id]
+    [call] = turn["tool_calls"]
+    assert call["state"] == "unknown"
+    assert call["arguments"] == APPEND
+    assert call["attempt"] == 1
+    assert call["effect"] == "side_effecting"
+    assert call["worker_id"] == "gone:1:dead"
+    assert call["started_at"]
+
+
+def test_abandoning_an_interrupted_turn_unblocks_the_session(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    turn_id, _ = interrupt_a_turn(runtime, sid)
+    url = f"/v1/sessions/{sid}/turns/{turn_id}/abandon"
+
+    problem(api.post(url, json={"reason": " ", "actor": "ops"}), 422, "invalid_operator_action")
+    abandoned = api.post(url, json={"reason": "cannot tell", "actor": "ops@example.com"})
+
+    assert abandoned.status_code == 200
+    body = abandoned.json()
+    assert body["state"] == "abandoned"
+    assert body["reason"] == "cannot tell" and body["actor"] == "ops@example.com"
+    assert body["tool_calls"][0]["state"] == "abandoned"
+    assert body["position"] > 0
+    problem(api.post(url, json={"reason": "again", "actor": "ops"}), 409, "invalid_transition")
+    assert api.post(f"/v1/sessions/{sid}/turns", json={"message": "next"}).status_code == 202
+
+
+def test_abandoning_a_turn_that_is_not_interrupted_is_409(api: TestClient) -> None:
+    sid = new_session(api)
+    turn = api.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"}).json()
+    problem(
+        api.post(
+            f"/v1/sessions/{sid}/turns/{turn['turn_id']}/abandon",
+            json={"reason": "r", "actor": "a"},
+        ),
+        409,
+        "invalid_transition",
+    )
+
+
+def test_resolving_the_unknown_call_lets_the_turn_finish_with_the_recorded_result(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    turn_id, call_id = interrupt_a_turn(runtime, sid)
+    url = f"/v1/sessions/{sid}/tool-calls/{call_id}/resolve"
+    body = {"outcome": "succeeded", "result": {"bytes": 8}, "note": "file has it", "actor": "ops"}
+
+    problem(api.post(url, json={**body, "outcome": "maybe"}), 422, "validation_error")
+    resolved = api.post(url, json=body)
+
+    assert resolved.status_code == 200
+    assert resolved.json()["state"] == "running"
+    assert resolved.json()["tool_calls"][0]["state"] == "resolved"
+    problem(api.post(url, json=body), 409, "invalid_transition")
+    problem(
+        api.post(f"/v1/sessions/{sid}/tool-calls/nope/resolve", json=body),
+        404,
+        "tool_call_not_found",
+    )
+    run_queued_turn(runtime, sid)  # a worker continues the turn with the recorded result
+    turn = api.get(f"/v1/sessions/{sid}/turns/{turn_id}").json()
+    assert turn["state"] == "completed"
+    assert turn["reply"].startswith('Tool append_file returned: {"bytes": 8}')
+
+
+def _run_when_queued(runtime: Runtime, sid: str) -> None:
+    deadline = time.monotonic() + 20
+    while not runtime.sessions.get_session(UUID(sid)).turns:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    run_queued_turn(runtime, sid)

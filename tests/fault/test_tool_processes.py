@@ -1,0 +1,189 @@
+"""A worker SIGKILLed while its `shell` tool runs: the orphaned process and `sandboxes gc`.
+
+The command outlives the worker (it leads its own process group). Its pid and
+start time are on record, so after the turn is interrupted an operator can
+see it; gc leaves it alone while the call's outcome is unknown, and kills
+exactly that process group once the turn is abandoned — never another
+session's, never a process that merely reuses the pid.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from application.database import Database
+from application.processes import GATE_NAME, kill_group
+from application.runtime import Runtime
+from application.settings import Settings
+from domain.turns import ToolProcess
+from interface.bootstrap import build_runtime
+from tests.conftest import ROOT, raw_events, turnlog_env
+
+pytestmark = pytest.mark.fault
+
+SLEEP = '/tool shell {"command": "sleep 30"}'
+
+
+@pytest.fixture
+def shell_settings(settings: Settings) -> Settings:
+    return settings.model_copy(update={"shell_tool": True})
+
+
+@pytest.fixture
+def rt(shell_settings: Settings) -> Iterator[Runtime]:
+    runtime = build_runtime(shell_settings)
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def leftovers(rt: Runtime) -> Iterator[list[UUID]]:
+    """Sessions whose recorded processes the test kills at the end, whatever happened."""
+    sessions: list[UUID] = []
+    yield sessions
+    for session_id in sessions:
+        for process in recorded_processes(rt, session_id):
+            kill_group(process)
+
+
+def turnlog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "interface", *args],
+        capture_output=True,
+        text=True,
+        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def recorded_processes(rt: Runtime, session_id: UUID) -> list[ToolProcess]:
+    session = rt.sessions.get_session(session_id)
+    return [
+        ToolProcess(p["pid"], p["process_started_at"], p["host"], p["boot_id"])
+        for call in session.calls.values()
+        for p in call.processes
+    ]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in a process group, from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def poll(condition: Any, what: str, deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def kill_worker_mid_sleep(
+    settings: Settings, database: Database, rt: Runtime, session_id: UUID
+) -> ToolProcess:
+    """Run `sleep 30` in a `turnlog sessions send` process, SIGKILL that process mid-command."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "interface", "sessions", "send", str(session_id), SLEEP],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),
+        cwd=ROOT,
+    )
+    try:
+        poll(
+            lambda: any(
+                r[3] == "turnlog.session.ToolCallProcessStarted.v1"
+                for r in raw_events(database, settings.namespace, session_id)
+            ),
+            "the process record",
+        )
+        [process] = recorded_processes(rt, session_id)
+        # Past the gate: the command itself runs (the gate's argv is gone).
+        cmdline = Path(f"/proc/{process.pid}/cmdline")
+        poll(lambda: GATE_NAME.encode() not in cmdline.read_bytes(), "the command to start")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    return process
+
+
+def sandboxes(settings: Settings) -> dict[str, Any]:
+    listed = turnlog(settings, "sandboxes", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return {s["session_id"]: s for s in json.loads(listed.stdout)}
+
+
+def gc(settings: Settings, *flags: str) -> list[dict[str, str]]:
+    done = turnlog(settings, "sandboxes", "gc", "--json", *flags)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+def test_an_orphaned_command_is_kept_until_its_turn_is_abandoned_then_its_group_is_killed(
+    shell_settings: Settings, database: Database, rt: Runtime, leftovers: list[UUID]
+) -> None:
+    a = rt.sessions.create_session(tools=rt.executor.tools.names()).session_id
+    b = rt.sessions.create_session(tools=rt.executor.tools.names()).session_id
+    leftovers += [a, b]
+    proc_a = kill_worker_mid_sleep(shell_settings, database, rt, a)
+    proc_b = kill_worker_mid_sleep(shell_settings, database, rt, b)
+    assert group_members(proc_a.pid) and group_members(proc_b.pid)  # outlived their worker
+
+    for session_id in (a, b):  # the next send recovers: the call is unknown, the turn blocks
+        refused = turnlog(shell_settings, "sessions", "send", str(session_id), "next")
+        assert refused.returncode == 3, refused.stderr
+        [call] = rt.sessions.get_session(session_id).calls.values()
+        assert call.state == "unknown"
+
+    listed = sandboxes(shell_settings)
+    assert listed[str(a)]["status"] == listed[str(b)]["status"] == "blocked"
+    [live] = listed[str(a)]["processes"]
+    assert (live["pid"], live["orphaned"]) == (proc_a.pid, False)
+
+    kept = gc(shell_settings)
+    assert {x["action"] for x in kept} == {"kept"} and len(kept) == 2
+    assert group_members(proc_a.pid) and group_members(proc_b.pid)
+
+    turn_a = rt.sessions.get_session(a).turns[0].turn_id
+    rt.abandon_turn(a, turn_a, "the sleep does no harm", "ops")
+
+    dry = gc(shell_settings, "--dry-run")
+    assert [(x["session_id"], x["action"]) for x in dry if x["action"] != "kept"] == [
+        (str(a), "would kill")
+    ]
+    assert group_members(proc_a.pid)
+
+    done = gc(shell_settings)
+    assert [(x["session_id"], x["action"]) for x in done if x["action"] != "kept"] == [
+        (str(a), "killed")
+    ]
+    poll(lambda: not group_members(proc_a.pid), "A's process group to die")
+    assert group_members(proc_b.pid)  # another session's interrupted call: untouched
+    root = shell_settings.sandbox_root
+    assert (root / str(a)).is_dir() and (root / str(b)).is_dir()  # neither session is closed
+
+    rt.sessions.close_session(a, "done", "ops")
+    removed = gc(shell_settings)
+    assert [(x["session_id"], x["action"]) for x in removed if x["action"] != "kept"] == [
+        (str(a), "removed")
+    ]
+    assert not (root / str(a)).exists()
+    assert (root / str(b)).is_dir() and group_members(proc_b.pid)

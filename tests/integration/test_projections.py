@@ -1,0 +1,193 @@
+"""Read models against a real PostgreSQL: exact rows, live latency, queries, status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from application.errors import InvalidCursor, InvalidQuery, ProjectionBusy, UnknownProjection
+from application.runtime import Runtime
+from application.settings import Settings
+from projections import ProjectionSupervisor, ReadModels, read_models
+from projections.audit import disagreements
+from projections.rebuild import holding_locks, rebuild, verify
+from tests.histories import WORKER, Scripted, scripted_history
+
+
+@pytest.fixture
+def read(runtime: Runtime) -> Iterator[ReadModels]:
+    models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
+    yield models
+    models.close()
+
+
+@pytest.fixture
+def supervisor(runtime: Runtime) -> Iterator[ProjectionSupervisor]:
+    sup = ProjectionSupervisor(runtime.settings, runtime.db, poll_interval=0.2)
+    sup.start()
+    yield sup
+    sup.stop()
+
+
+def rows_by(page: tuple[list[dict[str, Any]], str | None], key: str) -> dict[str, dict[str, Any]]:
+    items, following = page
+    assert following is None
+    return {row[key]: row for row in items}
+
+
+def test_read_models_hold_exactly_the_rows_the_history_implies(
+    runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
+) -> None:
+    h = scripted_history(runtime)
+    assert read.wait_for(h.last_position, timeout=10)
+
+    sessions = rows_by(read.list_sessions(limit=100), "title")
+    assert {
+        t: (r["status"], r["turn_count"], r["last_turn_state"]) for t, r in sessions.items()
+    } == {
+        "done": ("idle", 4, "failed"),
+        "blocked": ("blocked", 1, "interrupted"),
+        "abandoned": ("idle", 1, "abandoned"),
+        "resolved": ("idle", 1, "completed"),
+        "queued": ("busy", 1, "queued"),
+        "pending": ("busy", 1, "running"),
+        "started": ("busy", 1, "running"),
+        "closed": ("closed", 1, "completed"),
+    }
+    assert sessions["blocked"]["unknown_call_ids"] == [h.calls["unknown"]]
+    assert sessions["closed"]["last_position"] == h.last_position
+
+    turns = rows_by(read.list_open_turns(limit=100), "turn_id")
+    assert {t: (r["state"], r["worker_id"], r["unknown_call_ids"]) for t, r in turns.items()} == {
+        h.turns["interrupted"]: ("interrupted", "", [h.calls["unknown"]]),
+        h.turns["queued"]: ("queued", "", []),
+        h.turns["pending"]: ("running", WORKER, []),
+        h.turns["started"]: ("running", WORKER, []),
+    }
+    assert turns[h.turns["interrupted"]]["previous_worker"] == WORKER
+    assert (read.count_open_turns(), read.count_open_turns("running")) == (4, 2)
+
+    calls = rows_by(read.list_tool_calls(limit=100), "call_id")
+    assert {c: r["state"] for c, r in calls.items()} == {
+        h.calls["succeeded"]: "succeeded",
+        h.calls["failed"]: "failed",
+        h.calls["not_run"]: "failed",
+        h.calls["unknown"]: "unknown",
+        h.calls["abandoned"]: "abandoned",
+        h.calls["abandoned_pending"]: "failed",
+        h.calls["resolved"]: "resolved",
+        h.calls["pending"]: "pending",
+        h.calls["started"]: "started",
+    }
+    succeeded = calls[h.calls["succeeded"]]
+    assert (succeeded["tool"], succeeded["effect"], succeeded["attempt"]) == (
+        "echo",
+        "read_only",
+        1,
+    )
+    assert succeeded["result_summary"] == '{"text": "x"}'
+    assert (
+        succeeded["duration_seconds"] >= 0 and succeeded["finished_at"] >= succeeded["started_at"]
+    )
+    assert "must be of type number" in calls[h.calls["failed"]]["error_summary"]
+    assert calls[h.calls["not_run"]]["error_summary"].startswith("not run: turn failed:")
+    assert (
+        calls[h.calls["abandoned_pending"]]["error_summary"] == "not run: turn abandoned: gave up"
+    )
+    assert calls[h.calls["resolved"]]["outcome"] == "succeeded"
+    assert calls[h.calls["pending"]]["started_at"] is None
+    assert calls[h.calls["started"]]["finished_at"] is None
+
+    assert_agrees_with_aggregates(runtime, read, h)
+    assert all(result.ok for result in verify(read.events, read_models()))
+
+
+def assert_agrees_with_aggregates(runtime: Runtime, read: ReadModels, h: Scripted) -> None:
+    """Every read model's rows for every session agree with the replayed aggregate."""
+    for sid in h.sessions.values():
+        session = runtime.sessions.get_session(sid)
+        for model in read_models():
+            view = model.postgres_view(read.events.datastore)
+            _, rows = view.snapshot(read.events.application_name, {"session_id": sid})
+            assert disagreements(model.name, session, rows) == [], (model.name, session.title)
+
+
+def test_a_live_runner_reflects_a_new_event_within_a_second(
+    runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
+) -> None:
+    assert read.wait_for(read.events.head(), timeout=5)  # the runners are active
+    written = runtime.sessions.create_session(title="fresh")
+    assert read.wait_for(written.position, timeout=1.0)
+    [row], _ = read.list_sessions(limit=1)
+    assert (row["session_id"], row["title"]) == (str(written.session_id), "fresh")
+
+    submitted = runtime.sessions.submit_turn(written.session_id, "hello")
+    assert read.wait_for(submitted.position, timeout=1.0, names=["open_turns"])
+    [turn], _ = read.list_open_turns(state="queued")
+    assert turn["turn_id"] == submitted.turn_id
+
+
+def test_runners_catch_up_by_polling_when_no_notification_comes(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    with ProjectionSupervisor(runtime.settings, runtime.db, listen=False, poll_interval=0.2):
+        written = runtime.sessions.create_session(title="polled")
+        assert read.wait_for(written.position, timeout=2.0)
+
+
+def test_lists_page_by_cursor_and_refuse_malformed_input(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    ids = [runtime.sessions.create_session(title=f"s{i}").session_id for i in range(5)]
+    rebuild(read.events, runtime.db, runtime.settings.namespace, read_models())
+    seen: list[str] = []
+    cursor = None
+    for _ in range(3):
+        items, cursor = read.list_sessions(limit=2, cursor=cursor)
+        seen += [row["session_id"] for row in items]
+    assert cursor is None
+    assert seen == [str(i) for i in reversed(ids)]  # newest activity first
+
+    turns_cursor = read.list_open_turns(limit=1)[1]
+    for bad in ("garbage!", "eyJ4IjoxfQ", "W10", read.list_sessions(limit=1)[1]):
+        with pytest.raises(InvalidCursor):
+            read.list_tool_calls(cursor=bad)
+    assert turns_cursor is None
+    with pytest.raises(InvalidQuery):
+        read.list_sessions(status="sleeping")
+    with pytest.raises(InvalidQuery):
+        read.list_open_turns(limit=0)
+    with pytest.raises(InvalidQuery):
+        read.list_tool_calls(session_id="not-a-uuid")
+    with pytest.raises(UnknownProjection):
+        read.wait_for(1, timeout=0, names=["nope"])
+    assert read.list_tool_calls(session_id=str(ids[0]), tool="echo", status="failed") == ([], None)
+
+
+def test_status_reports_position_lag_and_the_runner_that_holds_each_read_model(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    written = runtime.sessions.create_session(title="lagging")
+    before = {s["name"]: s for s in read.status()}
+    assert before["sessions"]["position"] == 0
+    assert before["sessions"]["lag_events"] == before["sessions"]["head"] == written.position
+    assert before["sessions"]["lag_seconds"] >= 0
+    assert not before["sessions"]["running"]
+
+    with ProjectionSupervisor(runtime.settings, runtime.db, ["sessions"], poll_interval=0.2):
+        assert read.wait_for(written.position, timeout=5, names=["sessions"])
+        now = {s["name"]: s for s in read.status()}
+    assert now["sessions"]["lag_events"] == 0 and now["sessions"]["lag_seconds"] == 0.0
+    assert now["sessions"]["running"] and "turnlog-projection sessions" in now["sessions"]["holder"]
+    assert not now["tool_calls"]["running"]
+
+
+def test_rebuild_refuses_while_a_runner_holds_the_lock(runtime: Runtime, read: ReadModels) -> None:
+    settings: Settings = runtime.settings
+    with (
+        holding_locks(runtime.db, settings.namespace, read_models("open_turns")),
+        pytest.raises(ProjectionBusy, match="open_turns"),
+    ):
+        rebuild(read.events, runtime.db, settings.namespace, read_models(), wait=0.2)

@@ -1,0 +1,114 @@
+"""`turnlog projections rebuild | verify` and `turnlog audit`, run as real commands."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from application.runtime import Runtime
+from application.settings import Settings
+from projections import ReadModels, read_models
+from projections.rebuild import rebuild
+from tests.conftest import turnlog
+from tests.histories import scripted_history
+
+
+def all_rows(read: ReadModels) -> dict[str, list[dict[str, Any]]]:
+    snapshots = {}
+    for model in read_models():
+        _, rows = model.postgres_view(read.events.datastore).snapshot(read.events.application_name)
+        snapshots[model.name] = sorted(rows, key=lambda r: str(model.table.key_of(r)))
+    return snapshots
+
+
+def execute(settings: Settings, statement: str, *params: Any) -> int:
+    """Run SQL by hand in the namespace's schema (what an operator's mistake looks like)."""
+    with psycopg.connect(str(settings.database_url), autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(settings.schema_name)))
+        return conn.execute(statement.encode(), params).rowcount
+
+
+def test_rebuild_reproduces_the_live_rows_and_verify_reports_a_hand_edit(
+    runtime: Runtime, settings: Settings
+) -> None:
+    scripted_history(runtime)
+    read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
+    rebuild(read.events, runtime.db, settings.namespace, read_models(), batch_size=7)
+    live = all_rows(read)
+
+    rebuilt = turnlog(settings, "projections", "rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "rebuilt sessions, open_turns, tool_calls" in rebuilt.stdout
+    assert all_rows(read) == live
+    verified = turnlog(settings, "projections", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "tool_calls: OK (9 rows" in verified.stdout
+
+    assert execute(settings, "UPDATE sessions_view SET status = 'busy' WHERE title = 'done'") == 1
+    verified = turnlog(settings, "projections", "verify", "sessions")
+    assert verified.returncode == 1
+    assert "sessions: 1 difference(s)" in verified.stdout
+    assert "column status: live 'busy', expected 'idle'" in verified.stdout
+    read.close()
+
+
+def test_audit_verify_passes_on_a_whole_stream_and_names_a_missing_or_corrupt_event(
+    runtime: Runtime, settings: Settings
+) -> None:
+    h = scripted_history(runtime)
+    read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
+    rebuild(read.events, runtime.db, settings.namespace, read_models())
+    read.close()
+    done, resolved = h.sessions["done"], h.sessions["resolved"]
+
+    healthy = turnlog(settings, "audit", "--verify", str(done))
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert "OK: session" in healthy.stdout
+    listed = turnlog(settings, "audit", "--json", str(resolved))
+    lines = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [e["version"] for e in lines] == list(range(1, len(lines) + 1))
+    assert lines[0]["topic"] == "turnlog.session.SessionStarted.v1"
+    assert all(e["recorded_at"] and e["position"] for e in lines)
+
+    delete_version(settings, done, 3)
+    missing = turnlog(settings, "audit", "--verify", str(done))
+    assert missing.returncode == 1
+    assert "version gap: version(s) 3 missing" in missing.stdout
+
+    assert (
+        execute(
+            settings,
+            "UPDATE sessions_events SET state = convert_to('{not json', 'UTF8')"
+            " WHERE originator_id = %s AND originator_version = 2",
+            resolved,
+        )
+        == 1
+    )
+    corrupt = turnlog(settings, "audit", "--verify", str(resolved))
+    assert corrupt.returncode == 1
+    assert "event version 2" in corrupt.stdout and "does not decode" in corrupt.stdout
+
+
+def delete_version(settings: Settings, session_id: UUID, version: int) -> None:
+    deleted = execute(
+        settings,
+        "DELETE FROM sessions_events WHERE originator_id = %s AND originator_version = %s",
+        session_id,
+        version,
+    )
+    assert deleted == 1
+
+
+def test_audit_pages_the_whole_log_and_refuses_an_unknown_session(
+    runtime: Runtime, settings: Settings
+) -> None:
+    for title in ("a", "b", "c"):
+        runtime.sessions.create_session(title=title)
+    page = turnlog(settings, "audit", "--log", "--after", "1", "--limit", "1", "--json")
+    assert [json.loads(line)["position"] for line in page.stdout.splitlines()] == [2]
+    unknown = turnlog(settings, "audit", "--verify", "00000000-0000-0000-0000-000000000001")
+    assert unknown.returncode == 4 and "session_not_found" in unknown.stderr
