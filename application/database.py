@@ -126,6 +126,12 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         "POSTGRES_SCHEMA": settings.schema_name,
         "POSTGRES_POOL_SIZE": str(settings.pool_size),
         "POSTGRES_MAX_OVERFLOW": str(settings.pool_max_overflow),
+        # A per-process cache of sessions; every get() still fast-forwards it
+        # with the events stored since (one query), so other writers are seen.
+        "AGGREGATE_CACHE_MAXSIZE": str(settings.session_cache_size or ""),
+        "AGGREGATE_CACHE_FASTFORWARD": "y",
+        # Lock, notify and insert in one round trip (see application/recorder.py).
+        "APPLICATION_RECORDER_TOPIC": "application.recorder:TurnlogRecorder",
         "POSTGRES_CONNECT_TIMEOUT": "10",
         # DB functions stay off: in 9.5.6 they drop the table lock (subscribers
         # can skip events) and confuse tables of two applications in one schema.

@@ -73,6 +73,12 @@ class Settings(BaseSettings):
     )
     pool_size: int = Field(default=2, ge=1, description="Connections opened per pool.")
     pool_max_overflow: int = Field(default=8, ge=0, description="Extra connections per pool.")
+    session_cache_size: int = Field(
+        default=1000,
+        ge=0,
+        description="Sessions kept in memory per process (0: none); each load still "
+        "reads the events stored since, so the cache is never stale.",
+    )
 
     @field_validator("namespace")
     @classmethod

@@ -113,6 +113,33 @@ class Session(Aggregate):
             created_by=created_by,
         )
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Session:
+        """A copy whose finished turns are shared, not copied.
+
+        Loading a session from the process's cache copies it, so a command's
+        mutations never reach the cached object. No event changes a turn (or
+        its calls) once it is completed, failed or abandoned, so those parts
+        are shared; only open turns, their calls and the mutable containers
+        are copied. This keeps the copy's cost proportional to the open work,
+        not to the session's history.
+        """
+        clone = Session.__new__(Session)
+        memo[id(self)] = clone
+        state = dict(self.__dict__)
+        open_turns = {t.turn_id for t in self.turns if t.state.is_open}
+        state["turns"] = [
+            copy.deepcopy(t, memo) if t.turn_id in open_turns else t for t in self.turns
+        ]
+        state["calls"] = {
+            k: copy.deepcopy(c, memo) if c.turn_id in open_turns else c
+            for k, c in self.calls.items()
+        }
+        for name in ("tools", "idempotency_keys", "metadata"):
+            state[name] = copy.deepcopy(state[name], memo)
+        state["_pending_events"] = list(self._pending_events)
+        clone.__dict__.update(state)
+        return clone
+
     # ------------------------------------------------------------------ queries
 
     @property

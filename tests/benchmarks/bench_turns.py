@@ -1,0 +1,157 @@
+"""Benchmarks 1 and 2: turns per second, against raw psycopg with the same commit points.
+
+A turn here is the fixture provider with one tool call: TurnSubmitted |
+TurnClaimed | ModelReplied | ToolCallStarted | ToolCallSucceeded |
+ModelReplied + TurnCompleted — seven durable steps' worth of events in six
+commits, as the agent loop records them. The baseline writes rows of the
+same sizes with the same commit points through plain psycopg (one INSERT per
+event, one transaction per durable step).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from application.database import Database, locate  # noqa: E402
+from application.settings import Settings  # noqa: E402
+
+TOOL_MESSAGE = '/tool echo {"text": "benchmark"}'
+
+
+def base_database() -> Database:
+    url = os.environ.get("TURNLOG_TEST_DATABASE_URL") or os.environ.get("TURNLOG_DATABASE_URL")
+    if url:
+        return locate(Settings(database_url=url))
+    return locate(Settings(data_dir=ROOT / ".turnlog" / "bench"))
+
+
+def bench_settings(db: Database, namespace: str) -> Settings:
+    return Settings(
+        database_url=db.conninfo,
+        namespace=namespace,
+        data_dir=ROOT / ".turnlog" / "bench-data",
+    )
+
+
+def drop_schema(db: Database, schema: str) -> None:
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+# --------------------------------------------------------------- turnlog
+
+
+def turnlog_turns(db_conninfo: str, namespace: str, turns: int, barrier: Any = None) -> float:
+    """Run ``turns`` turns in one new session; returns the elapsed seconds."""
+    from interface.bootstrap import build_runtime
+
+    db = Database(params=dict(psycopg.conninfo.conninfo_to_dict(db_conninfo)), embedded=False)
+    rt = build_runtime(bench_settings(db, namespace))
+    try:
+        session_id = rt.sessions.create_session(tools=["echo"]).session_id
+        run_turn(rt, session_id)  # warm-up
+        if barrier is not None:
+            barrier.wait()
+        start = time.perf_counter()
+        for _ in range(turns):
+            run_turn(rt, session_id)
+        return time.perf_counter() - start
+    finally:
+        rt.close()
+
+
+def run_turn(rt: Any, session_id: uuid.UUID) -> None:
+    submitted = rt.sessions.submit_turn(session_id, TOOL_MESSAGE)
+    turn = rt.executor.run_turn(session_id, submitted.turn_id)
+    assert turn.state == "completed", turn
+
+
+# -------------------------------------------------------------- baseline
+
+# Payload sizes close to what the library stores for each step (JSON bytes).
+STEP_PAYLOADS = [[300], [200], [420], [260], [230], [330, 230]]
+
+
+def raw_setup(db: Database, schema: str) -> None:
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {}.events (originator_id uuid NOT NULL,"
+                " originator_version bigint NOT NULL, topic text NOT NULL, state bytea,"
+                " notification_id bigserial, PRIMARY KEY (originator_id, originator_version))"
+            ).format(sql.Identifier(schema))
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE UNIQUE INDEX IF NOT EXISTS events_nid ON {}.events (notification_id)"
+            ).format(sql.Identifier(schema))
+        )
+
+
+def raw_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None) -> float:
+    insert = sql.SQL(
+        "INSERT INTO {}.events (originator_id, originator_version, topic, state)"
+        " VALUES (%s, %s, %s, %s)"
+    ).format(sql.Identifier(schema))
+    with psycopg.connect(db_conninfo) as conn:
+        session_id = uuid.uuid4()
+        version = 0
+
+        def turn() -> None:
+            nonlocal version
+            for step in STEP_PAYLOADS:
+                with conn.transaction():
+                    for size in step:
+                        version += 1
+                        conn.execute(
+                            insert,
+                            (session_id, version, "turnlog.session.Step.v1", b"x" * size),
+                            prepare=True,
+                        )
+
+        turn()  # warm-up
+        if barrier is not None:
+            barrier.wait()
+        start = time.perf_counter()
+        for _ in range(turns):
+            turn()
+        return time.perf_counter() - start
+
+
+# ------------------------------------------------------------ processes
+
+
+def _worker(kind: str, conninfo: str, target: str, turns: int, barrier: Any, out: Any) -> None:
+    fn = turnlog_turns if kind == "turnlog" else raw_turns
+    out.put(fn(conninfo, target, turns, barrier))
+
+
+def concurrent_rate(kind: str, db: Database, target: str, procs: int, turns: int) -> float:
+    """Total turns/s with ``procs`` processes, each driving its own session."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(procs)
+    out = ctx.Queue()
+    workers = [
+        ctx.Process(target=_worker, args=(kind, db.conninfo, target, turns, barrier, out))
+        for _ in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    elapsed = [out.get(timeout=600) for _ in workers]
+    for w in workers:
+        w.join()
+    return procs * turns / max(elapsed)
