@@ -30,6 +30,7 @@ from psycopg import sql
 from application.database import Database, bootstrap_lock, connect
 from application.errors import ApplicationError, LeaseLost
 from application.leases import Lease, owner_alive
+from application.log_context import bound
 from application.recovery import Verdict, decide, summarize
 from application.runtime import Runtime
 from domain.errors import DomainError
@@ -50,6 +51,10 @@ class WorkSource(Protocol):
     """Lists open turns, queued ones oldest first."""
 
     def open_turns(self, limit: int) -> Sequence[OpenTurnRef]: ...
+
+    def catch_up(self, timeout: float) -> bool:
+        """Wait (bounded) until the source reflects the log's current head."""
+        ...
 
 
 class Stopping(Exception):
@@ -160,16 +165,28 @@ class Worker:
             )
         verdicts = check_open_turns(self.runtime, self.source)
         self.start_summary = summarize(verdicts)
-        log.info("start-up check: %s", self.start_summary, extra={"worker_id": self.worker_id})
+        with bound(worker_id=self.worker_id):
+            log.info("start-up check: %s", self.start_summary)
         for target, name in (
             (self._dispatch, "dispatch"),
             (self._listen, "listen"),
             (self._heartbeat, "heartbeat"),
         ):
-            thread = threading.Thread(target=target, name=f"turnlog-{name}", daemon=True)
+            thread = threading.Thread(
+                target=self._bound(target), name=f"turnlog-{name}", daemon=True
+            )
             thread.start()
             self._threads.append(thread)
         return self.start_summary
+
+    def _bound(self, target: Callable[[], None]) -> Callable[[], None]:
+        """``target`` with this worker's id on every line it logs (threads start unbound)."""
+
+        def run() -> None:
+            with bound(worker_id=self.worker_id):
+                target()
+
+        return run
 
     def wake(self) -> None:
         """Look for work now (a turn was just submitted in this process)."""
@@ -208,14 +225,22 @@ class Worker:
 
     def _dispatch(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(self.poll_interval)
+            woken = self._wake.wait(self.poll_interval)
             self._wake.clear()
+            if woken and not self._stop.is_set():
+                # A notification means an event was just stored; the read model
+                # we find work in may not have applied it yet. Wait for it
+                # (briefly) rather than miss the work until the next poll.
+                try:
+                    self.source.catch_up(0.5)
+                except Exception:
+                    log.warning("work source did not catch up", exc_info=True)
             if self._stop.is_set():
                 return
             try:
                 self._take_work()
             except Exception:
-                log.exception("finding work failed; retrying", extra={"worker_id": self.worker_id})
+                log.exception("finding work failed; retrying")
 
     def _take_work(self) -> None:
         for ref in self.source.open_turns(limit=200):
@@ -236,6 +261,11 @@ class Worker:
             future.add_done_callback(self._releaser(ref.session_id))
 
     def _own(self, session_id: UUID, lease: Lease) -> None:
+        # A pool thread starts with no log context: name the worker and session here.
+        with bound(worker_id=self.worker_id, session_id=session_id):
+            self._own_bound(session_id, lease)
+
+    def _own_bound(self, session_id: UUID, lease: Lease) -> None:
         try:
             while not self._stop.is_set():
                 verdict = self.runtime.recover(session_id, lease, stop=self._stop)
@@ -246,13 +276,11 @@ class Worker:
                 if self.runtime.sessions.get_session(session_id).open_turn is None:
                     return
         except (LeaseLost, Stopping) as exc:
-            log.warning(
-                "stopped working on session: %s", exc, extra={"session_id": str(session_id)}
-            )
+            log.warning("stopped working on session: %s", exc)
         except (DomainError, ApplicationError) as exc:
-            log.warning("turn refused: %s", exc, extra={"session_id": str(session_id)})
+            log.warning("turn refused: %s", exc)
         except Exception:
-            log.exception("turn crashed", extra={"session_id": str(session_id)})
+            log.exception("turn crashed")
         finally:
             lease.release()
 

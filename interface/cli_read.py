@@ -42,6 +42,7 @@ from projections import audit as audits
 from projections.rebuild import rebuild, verify
 
 T = TypeVar("T")
+log = logging.getLogger("turnlog.projections")
 
 projections_app = typer.Typer(
     help="Read models: run them, see their status, rebuild and verify them.",
@@ -109,10 +110,22 @@ def projections_run(
     poll_interval: Annotated[
         float, typer.Option(min=0.05, max=1.0, help="Longest wait between reads of the log (s).")
     ] = 0.5,
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Serve /metrics on this port (0: off).")
+    ] = 0,
+    metrics_host: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Keep the read models up to date until SIGTERM or SIGINT (hot standby if another runs)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from interface.logs import configure_logging
+    from interface.metrics import MetricsServer
+    from interface.roles import Parts, Role
+
+    configure_logging(_root(ctx).settings())
+    # The parts a `serve --role projections` process has, for the metrics to read.
+    parts = Parts(_root(ctx).settings(), Role.PROJECTIONS)
+    metrics = MetricsServer(parts)
+    if metrics_port:  # before the database: a busy port fails fast
+        metrics.start_or_exit(metrics_host, metrics_port)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -131,14 +144,17 @@ def projections_run(
             poll_interval=poll_interval,
         )
         supervisor.start()
+        parts.runtime, parts.supervisor = rt, supervisor
+        parts.start()  # adds the read models' handle; the runtime stays the command's
     names = ", ".join(m.name for m in supervisor.models)
-    err.print(f"running read models {names} in namespace {rt.settings.namespace}")
+    log.info("running read models %s in namespace %s", names, rt.settings.namespace)
     try:
         while not stop.wait(0.5):
             pass
     finally:
-        supervisor.stop()
-    err.print("stopped")
+        metrics.stop()
+        parts.stop()  # the runners, then the read models' handle
+    log.info("stopped")
 
 
 @projections_app.command("status")

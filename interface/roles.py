@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from application.observer import Observer
 from application.runtime import Runtime
 from application.settings import Settings
 from application.worker import OpenTurnRef, Worker
@@ -51,6 +52,10 @@ class OpenTurnsSource:
     def __init__(self, read_models: ReadModels) -> None:
         self.read_models = read_models
 
+    def catch_up(self, timeout: float) -> bool:
+        head = self.read_models.events.head()
+        return self.read_models.wait_for(head, timeout, names=["open_turns"])
+
     def open_turns(self, limit: int) -> Sequence[OpenTurnRef]:
         refs: list[OpenTurnRef] = []
         cursor = None
@@ -77,6 +82,8 @@ class Parts:
     read_models: ReadModels | None = None
     supervisor: ProjectionSupervisor | None = None
     worker: Worker | None = None
+    # Told about every model call, tool call and turn this process runs (metrics).
+    observer: Observer | None = None
     _owns_runtime: bool = field(default=False, repr=False)
 
     def start(self) -> None:
@@ -84,6 +91,8 @@ class Parts:
         if self.runtime is None:
             self.runtime = build_runtime(self.settings)
             self._owns_runtime = True
+        if self.observer is not None:
+            self.runtime.executor.observer = self.observer
         try:
             self._start_rest(self.runtime)
         except BaseException:
