@@ -28,6 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from application.errors import DatabaseUnavailable
 from application.runtime import Runtime
 from application.settings import Settings
+from interface import console
 from interface.http import errors
 from interface.http.deps import known_query_only, require_token
 from interface.http.errors import PROBLEM_MEDIA_TYPE
@@ -71,6 +72,7 @@ def create_app(
         lifespan=_lifespan,
     )
     app.state.turnlog = state
+    parts.observer = state.metrics.execution
     errors.install(app)
     # Added last runs first: request id → metrics → body limit → routing.
     app.add_middleware(BodyLimitMiddleware, limit=options.max_body_bytes)
@@ -84,6 +86,7 @@ def create_app(
             guards.insert(0, Depends(require_token))
         for module in (sessions, turns, events, listings):
             app.include_router(module.router, dependencies=guards)
+        console.install(app, guards)  # pages open, data behind the same guards
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -280,6 +280,38 @@ class ToolCallRow(BaseModel):
     error_summary: str | None
 
 
+class OpenTurnStateOut(BaseModel):
+    """How many turns are open in one state, and since when the oldest of them."""
+
+    state: Literal["queued", "running", "interrupted"]
+    count: int
+    oldest_submitted_at: datetime | None
+
+
+class OpenTurnsSummaryOut(BaseModel):
+    """Open turns by state (from the open-turns read model)."""
+
+    items: list[OpenTurnStateOut]
+
+
+class ActivityBucketOut(BaseModel):
+    """Tool calls requested within one bucket of the window, by their current state."""
+
+    start: datetime
+    by_state: dict[CallStateName, int]
+    total: int
+
+
+class ToolCallActivityOut(BaseModel):
+    """Tool calls requested in a recent window, by current state, overall and per bucket."""
+
+    since: datetime
+    until: datetime
+    bucket_seconds: float
+    by_state: dict[CallStateName, int]
+    buckets: list[ActivityBucketOut] = Field(description="Equal time buckets, oldest first.")
+
+
 class HealthOut(BaseModel):
     status: Literal["ok"]
 

@@ -12,13 +12,21 @@ from application.worker import list_workers
 from interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
 from interface.http.schemas import (
     OpenTurnRow,
+    OpenTurnsSummaryOut,
     Page,
     ProjectionOut,
     ProjectionsOut,
+    ToolCallActivityOut,
     ToolCallRow,
     WorkerOut,
     WorkersOut,
     problems,
+)
+from projections.activity import (
+    MAX_BUCKETS,
+    MAX_WINDOW_SECONDS,
+    open_turn_summary,
+    tool_call_activity,
 )
 
 router = APIRouter(prefix="/v1", tags=["read models"])
@@ -46,6 +54,19 @@ async def list_open_turns(
     return Page[OpenTurnRow].model_validate({"items": rows, "next_cursor": next_cursor})
 
 
+@router.get(
+    "/open-turns/summary", response_model=OpenTurnsSummaryOut, responses=problems(401, 422, 503)
+)
+async def open_turns_summary(
+    state: StateDep, read_models: ReadModelsDep, min_position: MinPosition = None
+) -> OpenTurnsSummaryOut:
+    """How many turns are queued, running and interrupted, and when the oldest of each
+    was submitted."""
+    await caught_up(state, read_models, min_position, "open_turns")
+    items = await run_in_threadpool(open_turn_summary, read_models)
+    return OpenTurnsSummaryOut.model_validate({"items": items})
+
+
 @router.get("/tool-calls", response_model=Page[ToolCallRow], responses=problems(401, 422, 503))
 async def list_tool_calls(
     state: StateDep,
@@ -64,6 +85,27 @@ async def list_tool_calls(
         read_models.list_tool_calls, status, session_id, tool, limit, cursor
     )
     return Page[ToolCallRow].model_validate({"items": rows, "next_cursor": next_cursor})
+
+
+@router.get(
+    "/tool-calls/activity", response_model=ToolCallActivityOut, responses=problems(401, 422, 503)
+)
+async def tool_calls_activity(
+    state: StateDep,
+    read_models: ReadModelsDep,
+    window_seconds: Annotated[
+        int, Query(ge=60, le=MAX_WINDOW_SECONDS, description="How far back to look (seconds).")
+    ] = 3600,
+    buckets: Annotated[
+        int, Query(ge=1, le=MAX_BUCKETS, description="Equal time buckets in the window.")
+    ] = 12,
+    min_position: MinPosition = None,
+) -> ToolCallActivityOut:
+    """Tool calls requested in the last `window_seconds` (default: one hour), counted by
+    their current state, overall and in `buckets` equal time buckets, oldest first."""
+    await caught_up(state, read_models, min_position, "tool_calls")
+    activity = await run_in_threadpool(tool_call_activity, read_models, window_seconds, buckets)
+    return ToolCallActivityOut.model_validate(activity)
 
 
 @router.get("/workers", response_model=WorkersOut, responses=problems(401, 503))

@@ -1,0 +1,529 @@
+/* turnlog console.
+ *
+ * The pages are shells; the data comes as server-rendered HTML fragments,
+ * fetched with the API token (kept in this tab's sessionStorage, sent as an
+ * Authorization header, never put in a URL). A session's timeline follows
+ * /v1/sessions/{id}/events as server-sent events read through fetch, since
+ * EventSource cannot send headers. No framework, no build step.
+ */
+"use strict";
+
+(() => {
+  const TOKEN = "turnlog.token";
+  const ACTOR = "turnlog.actor";
+  const store = window.sessionStorage;
+  const $ = (selector, root = document) => root.querySelector(selector);
+  const $$ = (selector, root = document) => Array.from(root.querySelectorAll(selector));
+  const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  /** Raised after a 401: the token form is showing; the page resumes once one is entered. */
+  class NeedsToken extends Error {}
+
+  // ------------------------------------------------------------------ requests
+
+  function withToken(headers = {}) {
+    const token = store.getItem(TOKEN);
+    return token ? { ...headers, Authorization: `Bearer ${token}` } : headers;
+  }
+
+  async function request(url, init = {}) {
+    const response = await fetch(url, {
+      ...init,
+      headers: withToken(init.headers),
+      cache: "no-store",
+      credentials: "omit",
+    });
+    if (response.status === 401) {
+      const hadToken = store.getItem(TOKEN) !== null;
+      store.removeItem(TOKEN);
+      askForToken(hadToken ? "The server refused that token. Enter the current API token." : "");
+      throw new NeedsToken("token needed");
+    }
+    return response;
+  }
+
+  async function problemDetail(response) {
+    try {
+      const problem = await response.json();
+      return problem.detail || problem.title || `HTTP ${response.status}`;
+    } catch {
+      return `The server answered HTTP ${response.status}.`;
+    }
+  }
+
+  function announce(text) {
+    const region = $("#announce");
+    region.textContent = "";
+    setTimeout(() => { region.textContent = text; }, 50);
+  }
+
+  // --------------------------------------------------------------------- token
+
+  let resume = () => {};
+
+  function askForToken(message) {
+    $("#main").hidden = true;
+    $("#auth").hidden = false;
+    const error = $("#auth-error");
+    error.textContent = message;
+    error.hidden = !message;
+    $("#forget-token").hidden = true;
+    $("#auth-token").focus();
+  }
+
+  function setUpToken(start) {
+    resume = start;
+    $("#auth-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const input = $("#auth-token");
+      store.setItem(TOKEN, input.value.trim());
+      input.value = "";
+      $("#auth").hidden = true;
+      $("#main").hidden = false;
+      $("#forget-token").hidden = false;
+      resume();
+    });
+    $("#forget-token").addEventListener("click", () => {
+      store.removeItem(TOKEN);
+      window.location.reload();
+    });
+    $("#forget-token").hidden = store.getItem(TOKEN) === null;
+  }
+
+  // ----------------------------------------------------------------- fragments
+
+  /** Fetch a fragment into ``container``; the fragment's root element, or null. */
+  async function load(container, url) {
+    container.setAttribute("aria-busy", "true");
+    try {
+      const response = await request(url, { headers: { Accept: "text/html" } });
+      if (!response.ok) {
+        showProblem(container, await problemDetail(response));
+        return null;
+      }
+      swap(container, await response.text());
+      return container.firstElementChild;
+    } catch (error) {
+      if (!(error instanceof NeedsToken)) {
+        showProblem(container, `Cannot reach the server (${error.message}).`);
+      }
+      return null;
+    } finally {
+      container.removeAttribute("aria-busy");
+    }
+  }
+
+  function showProblem(container, text) {
+    // Keep what is shown; say above it what went wrong.
+    let banner = $(":scope > .problem.banner", container);
+    if (!$(":scope > .fragment", container)) container.replaceChildren();
+    if (!banner) {
+      banner = document.createElement("p");
+      banner.className = "problem banner";
+      banner.setAttribute("role", "alert");
+      container.prepend(banner);
+    }
+    banner.textContent = text;
+  }
+
+  /** Replace a fragment, keeping open panels, typed text and focus. */
+  function swap(container, html) {
+    const open = new Set($$("details[data-key]", container).filter((d) => d.open).map((d) => d.dataset.key));
+    const typed = new Map();
+    for (const field of $$("input[id], textarea[id]", container)) {
+      if (field.type === "radio" || field.type === "checkbox") {
+        if (field.checked) typed.set(field.id, true);
+      } else if (field.value) {
+        typed.set(field.id, field.value);
+      }
+    }
+    const focused = container.contains(document.activeElement) ? document.activeElement.id : "";
+    container.innerHTML = html;
+    for (const details of $$("details[data-key]", container)) {
+      if (open.has(details.dataset.key)) details.open = true;
+    }
+    for (const [id, value] of typed) {
+      const field = document.getElementById(id);
+      if (!field || !container.contains(field)) continue;
+      if (value === true) field.checked = true;
+      else field.value = value;
+    }
+    if (focused) document.getElementById(focused)?.focus();
+  }
+
+  // ------------------------------------------------------------ sessions page
+
+  function sessionsPage() {
+    const container = $("#data");
+    const show = $("#show");
+    const params = new URLSearchParams(window.location.search);
+    show.value = params.get("show") || "";
+    const limit = params.get("limit"); // page size, for a bookmark (and the tests)
+    let cursors = [""]; // the cursor of every page visited, for "Previous"
+
+    async function refresh(tell = true) {
+      const query = new URLSearchParams();
+      if (show.value) query.set("show", show.value);
+      if (limit) query.set("limit", limit);
+      const cursor = cursors[cursors.length - 1];
+      if (cursor) query.set("cursor", cursor);
+      const fragment = await load(container, `${container.dataset.src}?${query}`);
+      const following = fragment ? fragment.dataset.nextCursor : "";
+      $("#next-page").disabled = !following;
+      $("#next-page").dataset.cursor = following || "";
+      $("#prev-page").disabled = cursors.length < 2;
+      $("#first-page").disabled = cursors.length < 2;
+      $("#page-number").textContent = `Page ${cursors.length}`;
+      if (fragment && tell) announce(`Page ${cursors.length}: ${fragment.dataset.rows} sessions shown.`);
+    }
+
+    $("#filter").addEventListener("submit", (event) => {
+      event.preventDefault();
+      cursors = [""];
+      const url = new URL(window.location.href);
+      if (show.value) url.searchParams.set("show", show.value);
+      else url.searchParams.delete("show");
+      window.history.replaceState(null, "", url);
+      refresh();
+    });
+    $("#refresh").addEventListener("click", () => refresh());
+    $("#next-page").addEventListener("click", (event) => {
+      cursors.push(event.currentTarget.dataset.cursor);
+      refresh();
+    });
+    $("#prev-page").addEventListener("click", () => {
+      cursors.pop();
+      refresh();
+    });
+    $("#first-page").addEventListener("click", () => {
+      cursors = [""];
+      refresh();
+    });
+    // Statuses change under an operator's eyes: redraw now and then, unless they are
+    // working in the list (focus inside it) or the tab is hidden.
+    setInterval(() => {
+      const busy = container.contains(document.activeElement) || !$("#auth").hidden;
+      if (!busy && document.visibilityState === "visible") refresh(false);
+    }, 10000);
+    setUpToken(() => refresh());
+    refresh();
+  }
+
+  // ------------------------------------------------------------- session page
+
+  function sessionPage() {
+    const container = $("#data");
+    const sessionId = container.dataset.sessionId;
+    const events = []; // every event received, in version order
+    let shown = 0; // the session version the rendered timeline reflects
+    let following = false;
+    let pending = null;
+    let running = null;
+    let again = false;
+
+    async function refresh() {
+      if (running) {
+        again = true;
+        return running;
+      }
+      running = (async () => {
+        do {
+          again = false;
+          const fragment = await load(container, container.dataset.src);
+          if (fragment) {
+            shown = Number(fragment.dataset.version);
+            container.dataset.status = fragment.dataset.status;
+            fillRawPanels();
+          }
+        } while (again);
+      })();
+      try {
+        await running;
+      } finally {
+        running = null;
+      }
+    }
+
+    function refreshSoon() {
+      clearTimeout(pending);
+      pending = setTimeout(refresh, 100);
+    }
+
+    // Raw events: grouped by turn from the live stream, drawn when a panel is open.
+    const turnOf = (event) => (event.payload && event.payload.turn_id) || "";
+
+    function fillRawPanels() {
+      for (const details of $$("details[data-raw-for]", container)) drawPanel(details);
+    }
+
+    function drawPanel(details) {
+      const mine = events.filter((event) => turnOf(event) === details.dataset.rawFor);
+      $(".count", details).textContent = `(${mine.length})`;
+      const body = $(".raw-body", details);
+      if (!details.open) {
+        body.replaceChildren();
+        return;
+      }
+      const table = document.createElement("table");
+      table.className = "grid raw-events";
+      table.innerHTML =
+        "<thead><tr><th scope='col' class='num'>Position</th><th scope='col' class='num'>Version</th>" +
+        "<th scope='col'>Type</th><th scope='col'>Time</th><th scope='col'>Payload</th></tr></thead><tbody></tbody>";
+      $("tbody", table).append(...mine.map(rawRow));
+      body.replaceChildren(table);
+    }
+
+    function rawRow(event) {
+      const row = document.createElement("tr");
+      row.dataset.type = event.type;
+      const cells = [
+        ["num", String(event.position)],
+        ["num", String(event.version)],
+        ["type", event.type],
+        ["time", new Date(event.timestamp).toISOString().replace("T", " ").slice(0, 23) + " UTC"],
+      ];
+      for (const [css, text] of cells) {
+        const cell = document.createElement("td");
+        cell.className = css;
+        cell.textContent = text;
+        row.append(cell);
+      }
+      const payload = document.createElement("pre");
+      payload.className = "json";
+      payload.textContent = JSON.stringify(event.payload, null, 2);
+      const cell = document.createElement("td");
+      cell.append(payload);
+      row.append(cell);
+      return row;
+    }
+
+    function received(event) {
+      if (events.length && event.version <= events[events.length - 1].version) return;
+      events.push(event);
+      const panel = $$("details[data-raw-for]", container).find((d) => d.dataset.rawFor === turnOf(event));
+      if (panel) {
+        $(".count", panel).textContent = `(${events.filter((e) => turnOf(e) === turnOf(event)).length})`;
+        const rows = $(".raw-events tbody", panel);
+        if (panel.open && rows) rows.append(rawRow(event));
+      }
+      if (event.version > shown || !panel) refreshSoon();
+    }
+
+    function setLive(state, text) {
+      const live = $("#live");
+      live.dataset.state = state;
+      $(".icon", live).textContent = { live: "●", reconnecting: "◌", ended: "■" }[state] || "◌";
+      $(".text", live).textContent = text;
+    }
+
+    function parseFrame(frame) {
+      const data = frame
+        .split("\n")
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""));
+      return data.length ? JSON.parse(data.join("\n")) : null;
+    }
+
+    async function follow() {
+      following = true;
+      let wait = 1000;
+      try {
+        for (;;) {
+          const after = events.length ? events[events.length - 1].version : 0;
+          try {
+            const response = await request(`/v1/sessions/${sessionId}/events?after=${after}`, {
+              headers: { Accept: "text/event-stream" },
+            });
+            if (response.status === 404) {
+              setLive("ended", "No such session.");
+              return;
+            }
+            if (!response.ok) throw new Error(await problemDetail(response));
+            setLive("live", "Live: new events appear as they are stored.");
+            wait = 1000;
+            const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+            let buffer = "";
+            for (;;) {
+              const { value, done } = await reader.read();
+              if (done) break;
+              buffer += value;
+              let end;
+              while ((end = buffer.indexOf("\n\n")) >= 0) {
+                const event = parseFrame(buffer.slice(0, end));
+                buffer = buffer.slice(end + 2);
+                if (event) received(event);
+              }
+            }
+          } catch (error) {
+            if (error instanceof NeedsToken) return;
+          }
+          setLive("reconnecting", "The live event stream was cut; reconnecting…");
+          await sleep(wait);
+          wait = Math.min(wait * 2, 15000);
+        }
+      } finally {
+        following = false;
+      }
+    }
+
+    // The operator's decisions on an interrupted turn.
+    function checkJson(field) {
+      let message = "";
+      if (field.value.trim() === "") {
+        message = 'Enter the result as JSON, for example {"written": true}, or null.';
+      } else {
+        try {
+          JSON.parse(field.value);
+        } catch (error) {
+          message = `This is not valid JSON: ${error.message}`;
+        }
+      }
+      field.setCustomValidity(message);
+      field.setAttribute("aria-invalid", message ? "true" : "false");
+      const error = document.getElementById(field.getAttribute("aria-describedby"));
+      error.textContent = message;
+      error.hidden = !message;
+      return !message;
+    }
+
+    function confirmDecision(title, summary, label) {
+      const dialog = $("#confirm");
+      const actor = $("#confirm-actor");
+      $("#confirm-title").textContent = title;
+      $("#confirm-summary").textContent = summary;
+      $("#confirm-go").textContent = label;
+      actor.value = store.getItem(ACTOR) || "";
+      dialog.returnValue = "";
+      dialog.showModal();
+      actor.focus();
+      return new Promise((resolve) => {
+        dialog.addEventListener(
+          "close",
+          () => {
+            if (dialog.returnValue !== "confirm") return resolve(null);
+            const name = actor.value.trim();
+            store.setItem(ACTOR, name);
+            resolve(name);
+          },
+          { once: true },
+        );
+      });
+    }
+
+    function decision(form) {
+      if (form.dataset.action === "abandon") {
+        const reason = form.elements.reason.value.trim();
+        return {
+          title: "Abandon this turn?",
+          summary:
+            `The turn ends without a reply; its tool calls of unknown outcome stay unknown, ` +
+            `and the session takes new turns again. Reason: “${reason}”.`,
+          label: "Abandon the turn",
+          url: `/v1/sessions/${sessionId}/turns/${form.dataset.turnId}/abandon`,
+          body: { reason },
+          done: "Turn abandoned. The session takes new turns again.",
+        };
+      }
+      const outcome = form.elements.outcome.value;
+      const result = JSON.parse(form.elements.result.value);
+      const text = JSON.stringify(result);
+      return {
+        title: `Record that ${form.dataset.tool} ${outcome}?`,
+        summary:
+          `turnlog will record that call ${form.dataset.callId} ${outcome}, with the result ` +
+          `${text.length > 200 ? text.slice(0, 199) + "…" : text}. Once every unknown call of ` +
+          `the turn has an outcome, the turn continues and the model is given this result.`,
+        label: "Record the outcome",
+        url: `/v1/sessions/${sessionId}/tool-calls/${form.dataset.callId}/resolve`,
+        body: { outcome, result, note: form.elements.note.value.trim() },
+        done: "Outcome recorded; the turn continues once every call has one.",
+      };
+    }
+
+    async function decide(form) {
+      if (form.dataset.action === "resolve" && !checkJson(form.elements.result)) {
+        form.elements.result.reportValidity();
+        return;
+      }
+      const what = decision(form);
+      const actor = await confirmDecision(what.title, what.summary, what.label);
+      if (actor === null) return;
+      const error = $(".form-error", form);
+      const button = $("button[type=submit]", form);
+      error.hidden = true;
+      button.disabled = true;
+      try {
+        const response = await request(what.url, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json" },
+          body: JSON.stringify({ ...what.body, actor }),
+        });
+        if (!response.ok) {
+          error.textContent = await problemDetail(response);
+          error.hidden = false;
+          return;
+        }
+        const turn = await response.json();
+        announce(what.done);
+        await refresh();
+        document.getElementById(`turn-h-${turn.turn_id}`)?.focus();
+      } catch (failure) {
+        if (!(failure instanceof NeedsToken)) {
+          error.textContent = `Cannot reach the server (${failure.message}).`;
+          error.hidden = false;
+        }
+      } finally {
+        button.disabled = false;
+      }
+    }
+
+    // Cancel is not a submit button, so that Enter in the name field confirms.
+    $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
+    container.addEventListener("input", (event) => {
+      if (event.target.name === "result") checkJson(event.target);
+    });
+    container.addEventListener("submit", (event) => {
+      const form = event.target.closest("form[data-action]");
+      if (!form) return;
+      event.preventDefault();
+      decide(form);
+    });
+    // "toggle" does not bubble: listen in the capture phase to draw a panel when it opens.
+    container.addEventListener(
+      "toggle",
+      (event) => {
+        if (event.target.matches("details[data-raw-for]")) drawPanel(event.target);
+      },
+      true,
+    );
+
+    async function start() {
+      await refresh();
+      if (!following) follow();
+    }
+    // Relative times and running durations age; a busy session is redrawn now and then.
+    setInterval(() => {
+      if (container.dataset.status === "busy" && document.visibilityState === "visible") refresh();
+    }, 10000);
+    setUpToken(start);
+    start();
+  }
+
+  // ------------------------------------------------------------ overview page
+
+  function overviewPage() {
+    const container = $("#data");
+    async function refresh() {
+      const fragment = await load(container, container.dataset.src);
+      if (fragment) $("#updated").textContent = `Updated ${new Date().toLocaleTimeString()}; refreshes every 5 s.`;
+    }
+    setInterval(() => {
+      if (document.visibilityState === "visible" && $("#auth").hidden) refresh();
+    }, Number(container.dataset.refresh));
+    setUpToken(refresh);
+    refresh();
+  }
+
+  const pages = { sessions: sessionsPage, session: sessionPage, overview: overviewPage };
+  pages[document.body.dataset.page]?.();
+})();

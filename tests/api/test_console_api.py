@@ -1,0 +1,268 @@
+"""The console over HTTP: page shells carry no data, fragments need the token, and the
+summaries the status board reads (/v1/open-turns/summary, /v1/tool-calls/activity)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from datetime import datetime
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from application.runtime import Runtime
+from application.settings import Settings
+from interface.http import create_app
+from projections import ProjectionSupervisor
+from tests.api.conftest import FAST, interrupt_a_turn, new_session, problem, run_queued_turn
+
+TOKEN = "tok-console-7d1e"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TITLE = "Quarterly payroll run 4411"
+
+
+@pytest.fixture
+def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    """The API with projection runners and no worker: turns stay where a test leaves them."""
+    app = create_app(settings, runtime, role="api", options=FAST)
+    with (
+        ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
+        TestClient(app, raise_server_exceptions=False) as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def guarded(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
+    secured = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
+    app = create_app(secured, runtime, role="api", options=FAST)
+    with (
+        ProjectionSupervisor(secured, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
+        TestClient(app, raise_server_exceptions=False) as client,
+    ):
+        yield client
+
+
+def _blocked_session(client: TestClient, runtime: Runtime, headers: dict[str, str]) -> str:
+    created = client.post("/v1/sessions", json={"title": TITLE}, headers=headers)
+    sid = str(created.json()["session_id"])
+    interrupt_a_turn(runtime, sid)
+    position = client.post("/v1/sessions", json={}, headers=headers).json()["position"]
+    assert client.get(f"/v1/sessions?min_position={position}", headers=headers).status_code == 200
+    return sid
+
+
+# ------------------------------------------------------------------ the token
+
+
+def test_with_a_token_console_pages_are_shells_without_session_data(
+    guarded: TestClient, runtime: Runtime
+) -> None:
+    sid = _blocked_session(guarded, runtime, AUTH)
+
+    for path in ("/console", f"/console/sessions/{sid}", "/console/overview"):
+        page = guarded.get(path)
+        assert page.status_code == 200, path
+        assert page.headers["content-type"].startswith("text/html")
+        assert TITLE not in page.text
+        assert "append_file" not in page.text and "out.txt" not in page.text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["cache-control"] == "no-store"
+    assert guarded.get("/console/static/console.js").status_code == 200
+
+
+def test_with_a_token_every_console_fragment_needs_it(
+    guarded: TestClient, runtime: Runtime
+) -> None:
+    sid = _blocked_session(guarded, runtime, AUTH)
+    fragments = (
+        "/console/fragments/sessions",
+        "/console/fragments/sessions?show=attention",
+        f"/console/fragments/sessions/{sid}/timeline",
+        "/console/fragments/overview",
+    )
+    for path in fragments:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            refused = guarded.get(path, headers=headers)
+            body = problem(refused, 401, "unauthorized")
+            assert TITLE not in refused.text and sid not in str(body), path
+
+    listed = guarded.get("/console/fragments/sessions?show=attention", headers=AUTH)
+    timeline = guarded.get(f"/console/fragments/sessions/{sid}/timeline", headers=AUTH)
+    assert listed.status_code == timeline.status_code == 200
+    assert TITLE in listed.text and TITLE in timeline.text
+    assert "append_file" in timeline.text and "out.txt" in timeline.text
+
+
+def test_an_unknown_session_is_told_only_with_the_token(guarded: TestClient) -> None:
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert guarded.get(f"/console/sessions/{missing}").status_code == 200  # a shell, no answer
+    problem(guarded.get(f"/console/fragments/sessions/{missing}/timeline"), 401, "unauthorized")
+    problem(
+        guarded.get(f"/console/fragments/sessions/{missing}/timeline", headers=AUTH),
+        404,
+        "session_not_found",
+    )
+
+
+# ------------------------------------------------------------------ fragments
+
+
+def test_needs_attention_lists_blocked_sessions_first_then_busy_ones(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    idle = new_session(reads, title="idle one")
+    busy = new_session(reads, title="busy one")
+    reads.post(f"/v1/sessions/{busy}/turns", json={"message": "hello"})
+    blocked = [new_session(reads, title=f"blocked {i}") for i in range(3)]
+    for sid in blocked:
+        interrupt_a_turn(runtime, sid)
+    position = reads.post("/v1/sessions", json={"title": "idle two"}).json()["position"]
+    reads.get(f"/v1/sessions?min_position={position}")
+
+    seen, cursor = [], ""
+    while True:
+        query = "show=attention&limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = reads.get(f"/console/fragments/sessions?{query}")
+        assert page.status_code == 200, page.text
+        seen += re.findall(r'href="/console/sessions/([0-9a-f-]{36})"', page.text)
+        cursor = _next_cursor(page.text)
+        if not cursor:
+            break
+
+    assert seen[:3] == list(reversed(blocked))  # newest activity first within a group
+    assert seen[3:] == [busy]
+    assert idle not in seen
+
+
+def _next_cursor(html: str) -> str:
+    marker = 'data-next-cursor="'
+    return html.split(marker, 1)[1].split('"', 1)[0]
+
+
+def test_a_cursor_from_elsewhere_is_refused_as_a_problem(reads: TestClient) -> None:
+    problem(
+        reads.get("/console/fragments/sessions?show=attention&cursor=idle~x"),
+        422,
+        "validation_error",
+    )
+    problem(reads.get("/console/fragments/sessions?show=nope"), 422, "validation_error")
+    problem(reads.get("/console/fragments/sessions?bogus=1"), 422, "validation_error")
+
+
+def test_the_timeline_shows_each_step_call_and_the_decision_for_an_interrupted_turn(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads, title="<script>alert(1)</script>")
+    reads.post(f"/v1/sessions/{sid}/turns", json={"message": '/tool echo {"text": "hi"}'})
+    run_queued_turn(runtime, sid)
+    turn_id, call_id = interrupt_a_turn(runtime, sid)
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+
+    assert "<script>alert(1)</script>" not in html  # escaped, never markup
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert html.index(">Turn 1</h2>") < html.index(">Turn 2</h2>")
+    assert "Tool echo returned" in html and "read only" in html
+    assert f'id="resolve-{turn_id}"' in html
+    assert f'data-call-id="{call_id}"' in html and "side effecting" in html
+    assert "gone:1:dead" in html  # the worker that died
+    assert 'data-status="blocked"' in html
+
+
+def test_the_overview_fragment_renders_every_part_of_the_board(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads)
+    interrupt_a_turn(runtime, sid)
+
+    html = reads.get("/console/fragments/overview").text
+
+    for part in ("Open turns", "Tool calls, last hour", "Workers", "Projections", "<svg"):
+        assert part in html
+
+
+def test_a_resolve_whose_result_is_not_json_is_refused_and_records_nothing(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    # What the console checks in the browser, the server checks again.
+    sid = new_session(reads)
+    _, call_id = interrupt_a_turn(runtime, sid)
+    before = reads.get(f"/v1/sessions/{sid}").json()["version"]
+    url = f"/v1/sessions/{sid}/tool-calls/{call_id}/resolve"
+    broken = b'{"outcome": "succeeded", "result": {"written": tru, "note": "n", "actor": "a"}'
+
+    problem(
+        reads.post(url, content=broken, headers={"content-type": "application/json"}),
+        422,
+        "validation_error",
+    )
+    missing_note = {"outcome": "succeeded", "result": None, "note": "", "actor": "a"}
+    problem(reads.post(url, json=missing_note), 422, "validation_error")
+    assert reads.get(f"/v1/sessions/{sid}").json()["version"] == before
+    assert reads.get(f"/v1/sessions/{sid}").json()["status"] == "blocked"
+
+
+# -------------------------------------------------------------- the summaries
+
+
+def test_open_turns_are_summarised_by_state_with_the_oldest(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    queued = new_session(reads)
+    reads.post(f"/v1/sessions/{queued}/turns", json={"message": "hi"})
+    interrupt_a_turn(runtime, new_session(reads))
+    head = reads.post("/v1/sessions", json={}).json()["position"]
+
+    summary = reads.get(f"/v1/open-turns/summary?min_position={head}")
+
+    assert summary.status_code == 200, summary.text
+    items = {item["state"]: item for item in summary.json()["items"]}
+    assert [items[s]["count"] for s in ("queued", "running", "interrupted")] == [1, 0, 1]
+    assert items["queued"]["oldest_submitted_at"] and items["interrupted"]["oldest_submitted_at"]
+    assert items["running"]["oldest_submitted_at"] is None
+
+
+def test_tool_call_activity_counts_recent_calls_by_state_in_buckets(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    done = new_session(reads)
+    reads.post(f"/v1/sessions/{done}/turns", json={"message": '/tool echo {"text": "x"}'})
+    run_queued_turn(runtime, done)
+    interrupt_a_turn(runtime, new_session(reads))
+    head = reads.post("/v1/sessions", json={}).json()["position"]
+
+    answer = reads.get(f"/v1/tool-calls/activity?buckets=6&min_position={head}")
+
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["by_state"]["succeeded"] == 1 and body["by_state"]["unknown"] == 1
+    assert sum(body["by_state"].values()) == 2
+    assert len(body["buckets"]) == 6 and body["bucket_seconds"] == 600
+    assert sum(b["total"] for b in body["buckets"]) == 2
+    assert body["buckets"][-1]["total"] == 2  # both just now: the newest bucket
+    starts = [datetime.fromisoformat(b["start"]) for b in body["buckets"]]
+    assert starts == sorted(starts)
+    assert (datetime.fromisoformat(body["until"]) - starts[0]).total_seconds() == 3600
+
+
+def test_an_empty_window_counts_zero_in_every_state(reads: TestClient) -> None:
+    body = reads.get("/v1/tool-calls/activity?window_seconds=60&buckets=1").json()
+
+    assert set(body["by_state"]) >= {"started", "succeeded", "unknown", "resolved"}
+    assert sum(body["by_state"].values()) == 0
+    assert body["buckets"][0]["total"] == 0
+
+
+@pytest.mark.parametrize(
+    "query", ["window_seconds=59", "window_seconds=999999999", "buckets=0", "buckets=121"]
+)
+def test_activity_windows_out_of_range_are_422(reads: TestClient, query: str) -> None:
+    problem(reads.get(f"/v1/tool-calls/activity?{query}"), 422, "validation_error")
+
+
+def test_the_summaries_need_the_token_when_one_is_set(guarded: TestClient) -> None:
+    for path in ("/v1/open-turns/summary", "/v1/tool-calls/activity"):
+        problem(guarded.get(path), 401, "unauthorized")
+        assert guarded.get(path, headers=AUTH).status_code == 200

@@ -1,0 +1,122 @@
+"""A session's timeline in a browser, following a running turn live; and the overview."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from application.database import Database
+from application.settings import Settings
+from tests.browser.conftest import Page, Server, expect, screenshot, serve
+from tests.fault.cluster import cluster
+
+
+@pytest.fixture(scope="module")
+def server(module_settings: Settings, database: Database) -> Iterator[Server]:
+    """`turnlog serve` with everything in one process: API, a worker, projections."""
+    with cluster(module_settings, database) as c:
+        yield serve(c, "all")
+
+
+def raw_types(page: Page, turn_id: str) -> list[str]:
+    rows = page.locator(f"#turn-{turn_id} details.raw tbody tr")
+    return [str(t) for t in rows.evaluate_all("rows => rows.map(r => r.dataset.type)")]
+
+
+def test_a_timeline_shows_each_turn_with_its_steps_tool_calls_and_reply(
+    page: Page, server: Server
+) -> None:
+    sid = server.new_session("Support inbox triage")
+    first = server.submit(sid, '/tool echo {"text": "3 new tickets"}', wait=30)
+    assert first["state"] == "completed"
+
+    page.goto(f"{server.url}/console/sessions/{sid}")
+
+    turn = page.locator(f"#turn-{first['turn_id']}")
+    expect(turn.get_by_role("heading", name="Turn 1")).to_be_visible()
+    expect(turn.locator(".turn-head .badge")).to_have_text(re.compile("completed"))
+    expect(turn.locator(".msg.user")).to_contain_text('/tool echo {"text": "3 new tickets"}')
+    expect(turn.locator(".step")).to_have_count(2)  # asked for the call; then answered
+    call = turn.locator("tr.call")
+    expect(call.locator("code.tool")).to_have_text("echo")
+    expect(call.locator("td").nth(0)).to_have_text("read only")
+    expect(call.locator(".badge")).to_have_text(re.compile("succeeded"))
+    expect(call.locator("td.num").nth(0)).to_have_text("1")  # attempt
+    expect(call.locator("td.num").nth(1)).to_have_text(re.compile(r"^\d+\.\d\d s$"))
+    expect(call.locator("td").nth(4)).to_contain_text(":")  # the worker, host:pid:…
+    expect(turn.locator(".msg.reply")).to_contain_text(
+        'Tool echo returned: {"text": "3 new tickets"}'
+    )
+
+    turn.get_by_text("Raw events of turn 1").click()  # a collapsible panel per turn
+    expect(turn.locator("details.raw tbody tr").first).to_be_visible()
+    assert raw_types(page, first["turn_id"]) == [
+        "TurnSubmitted",
+        "TurnClaimed",
+        "ModelReplied",
+        "ToolCallStarted",
+        "ToolCallSucceeded",
+        "ModelReplied",
+        "TurnCompleted",
+    ]
+    header = turn.locator("details.raw thead th")
+    expect(header).to_have_text(["Position", "Version", "Type", "Time", "Payload"])
+    expect(turn.locator("details.raw tbody tr").nth(3)).to_contain_text('"call_id"')
+
+
+def test_a_running_turn_appears_live_without_a_reload(page: Page, server: Server) -> None:
+    sid = server.new_session("Live timeline")
+    page.goto(f"{server.url}/console/sessions/{sid}")
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    expect(page.locator(".empty")).to_contain_text("No turns yet")
+    page.evaluate("window.stillTheSamePage = true")
+
+    turn_id = server.submit(sid, '/tool sleep {"seconds": 2}')["turn_id"]
+
+    turn = page.locator(f"#turn-{turn_id}")
+    expect(turn).to_be_visible()
+    turn.get_by_text("Raw events of turn 1").click()
+    call = turn.locator("tr.call")
+    # The call runs for 2 s: it is seen running, then finished, as the events arrive.
+    expect(call.locator(".badge")).to_have_text(re.compile("started"))
+    expect(call).to_contain_text("running")
+    assert "ToolCallStarted" in raw_types(page, turn_id)
+    expect(turn.locator("details.raw tr[data-type=ToolCallSucceeded]")).to_have_count(1)
+    expect(call.locator(".badge")).to_have_text(re.compile("succeeded"))
+    expect(turn.locator(".msg.reply")).to_have_text(
+        re.compile(r'Tool sleep returned: \{"slept": 2(\.0)?\}')
+    )
+    types = raw_types(page, turn_id)
+    assert types.index("ToolCallStarted") < types.index("ToolCallSucceeded")
+    assert types[-1] == "TurnCompleted"
+    assert page.evaluate("window.stillTheSamePage") is True  # never reloaded
+    expect(page.locator(".session-head .badge")).to_have_text(re.compile("idle"))
+
+
+def test_the_overview_shows_open_turns_tool_calls_workers_and_projection_lag(
+    page: Page, server: Server
+) -> None:
+    sid = server.new_session("Overview sample")
+    server.submit(sid, '/tool echo {"text": "for the board"}', wait=30)
+    server.caught_up()
+
+    page.goto(f"{server.url}/console/overview")
+
+    open_turns = page.locator("section", has=page.get_by_role("heading", name="Open turns"))
+    expect(open_turns.locator("tbody tr")).to_have_count(3)
+    expect(open_turns.locator("tbody tr").nth(2)).to_contain_text("interrupted")
+    calls = page.locator("section", has=page.get_by_role("heading", name="Tool calls, last hour"))
+    expect(calls.locator("svg[role=img] rect")).not_to_have_count(0)
+    succeeded = calls.locator("tbody tr", has_text="succeeded")
+    expect(succeeded.locator("td.num")).not_to_have_text("0")
+    workers = page.locator("section", has=page.get_by_role("heading", name=re.compile("Workers")))
+    expect(workers.locator("tbody tr").first).to_contain_text("working")
+    expect(workers.locator("tbody tr").first).to_contain_text(re.compile(r"\d+(\.\d)? s ago"))
+    projections = page.locator("section", has=page.get_by_role("heading", name="Projections"))
+    expect(projections.locator("tbody tr")).to_have_count(3)
+    for row in projections.locator("tbody tr").all():
+        expect(row).to_contain_text("caught up")
+    expect(page.locator("#updated")).to_contain_text("Updated")
+    screenshot(page, "overview")
