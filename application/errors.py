@@ -94,6 +94,7 @@ class UnknownProjection(InvalidQuery):
 
 
 class ConfigurationError(ApplicationError):
-    """A configuration file named by the settings (TURNLOG_TOOLS_FILE) is unreadable or invalid."""
+    """A setting cannot be used: a tools file (TURNLOG_TOOLS_FILE) is unreadable or invalid,
+    or no database is configured and the embedded server is not installed."""
 
     code = "invalid_configuration"

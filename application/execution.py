@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
 from application.errors import ConcurrentModification, LeaseLost
+from application.log_context import bound
+from application.observer import Observer, Unobserved
 from application.providers import ModelReply, ProviderError, ProviderRegistry
 from application.sessions import Sessions
 from application.tools import ToolContext, ToolError, ToolRegistry
@@ -28,7 +31,7 @@ from domain import errors as domain_errors
 from domain.progress import Action, next_step
 from domain.request import next_request
 from domain.session import Session
-from domain.turns import Effect, ToolProcess, Turn
+from domain.turns import Effect, ToolProcess, Turn, TurnState
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.execution")
@@ -57,6 +60,7 @@ class Executor:
     worker_id: str
     sandbox_root: Path
     max_steps: int = 8
+    observer: Observer = field(default_factory=Unobserved)
 
     def run_turn(
         self,
@@ -71,20 +75,37 @@ class Executor:
         step in progress; the turn stays running without an owner, and whoever
         takes the lease next resumes it from the stored events.
         """
-        lease = lease or Unleased()
+        # Every line logged while the turn runs (the driver's included) names it.
+        with bound(session_id=session_id, turn_id=turn_id, worker_id=self.worker_id):
+            return self._run(session_id, turn_id, lease or Unleased(), stop)
+
+    def _run(
+        self, session_id: UUID, turn_id: str, lease: LeaseCheck, stop: threading.Event | None
+    ) -> Turn:
         lease.check()
         claim, _, session = self.sessions.update_session(
             session_id, lambda s: s.claim_turn(turn_id, self.worker_id)
         )
-        log.info("claimed turn", extra={"session_id": str(session_id), "turn_id": turn_id})
+        self.observer.turn_claimed(claim)
+        log.info("claimed turn (claim %d)", claim)
         while True:
             turn = session.turn(turn_id)
             step = next_step(session, turn, self.max_steps)
             if step.action is Action.WAIT or (stop is not None and stop.is_set()):
+                self._report_end(turn)
                 return turn
             session = self._take(
                 session, turn, claim, step.action, step.call_id, step.reason, lease
             )
+
+    def _report_end(self, turn: Turn) -> None:
+        if turn.state is TurnState.COMPLETED:
+            log.info("turn completed after %d model call(s)", len(turn.steps))
+        elif turn.state is TurnState.FAILED:
+            log.warning("turn failed: %s", turn.error)
+        else:
+            return  # still running (draining) or waiting: not ended here
+        self.observer.turn_ended(str(turn.state))
 
     def _take(
         self,
@@ -114,11 +135,16 @@ class Executor:
 
     def _call_model(self, session: Session, turn_id: str, claim: int) -> Session:
         request = next_request(session)
+        started = time.monotonic()
         try:
             reply = self.providers.get(session.provider).complete(request)
         except ProviderError as exc:
+            self.observer.model_called(session.provider, "error", time.monotonic() - started)
             reason = f"provider error: {exc}"
             return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+        seconds = time.monotonic() - started
+        self.observer.model_called(session.provider, "replied", seconds)
+        log.info("model replied in %.3fs with %d tool call(s)", seconds, len(reply.tool_calls))
         problem = self._reply_problem(session, reply)
 
         def record(s: Session) -> None:
@@ -144,6 +170,12 @@ class Executor:
         return ""
 
     def _run_tool(
+        self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
+    ) -> Session:
+        with bound(call_id=call_id):
+            return self._run_call(session, turn_id, claim, call_id, lease)
+
+    def _run_call(
         self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
     ) -> Session:
         call = session.call(call_id)
@@ -172,7 +204,7 @@ class Executor:
             )
 
         context = self._context(session, call_id, attempt, report_process)
-        outcome, value = self._invoke(tool, call.arguments, context)
+        outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)
         session = current[0]
         if outcome == "succeeded":
             return self._write(
@@ -197,6 +229,19 @@ class Executor:
         sandbox.mkdir(parents=True, exist_ok=True)
         return ToolContext(str(session.id), call_id, attempt, sandbox, report_process)
 
+    def _timed_invoke(
+        self, tool: Any, name: str, arguments: dict[str, Any], context: ToolContext
+    ) -> tuple[str, Any]:
+        started = time.monotonic()
+        outcome = "lost"  # unless the tool returns: ownership was lost while it ran
+        try:
+            outcome, value = self._invoke(tool, arguments, context)
+            return outcome, value
+        finally:
+            seconds = time.monotonic() - started
+            self.observer.tool_called(name, outcome, seconds)
+            log.info("tool %s %s in %.3fs (attempt %d)", name, outcome, seconds, context.attempt)
+
     def _invoke(
         self, tool: Any, arguments: dict[str, Any], context: ToolContext
     ) -> tuple[str, Any]:
@@ -211,7 +256,7 @@ class Executor:
             # tool's failure, and nothing more may be recorded under this claim.
             raise
         except Exception as exc:  # a tool's own bug is that call's failure
-            log.warning("tool raised", exc_info=True, extra={"call_id": context.call_id})
+            log.warning("tool raised", exc_info=True)
             return "failed", f"{type(exc).__name__}: {exc}"
 
     def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:

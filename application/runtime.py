@@ -77,6 +77,7 @@ class Runtime:
         if verdict.decision is Decision.INTERRUPT:
             previous = turn.worker_id
             self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous))
+            self.executor.observer.turn_ended("interrupted")
         elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
             self.executor.run_turn(session_id, turn.turn_id, lease, stop)
         return verdict

@@ -58,7 +58,9 @@ class Settings(BaseSettings):
     snapshot_interval: int = Field(
         default=100, ge=2, description="Take a snapshot every N events of a session."
     )
-    log_format: Literal["text", "json"] = Field(default="text", description="Log line format.")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="Log lines: `text`, or `json` (one object per line)."
+    )
     shell_tool: bool = Field(
         default=False, description="Offer the side-effecting `shell` tool (runs in the sandbox)."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from types import FrameType
@@ -12,10 +13,11 @@ from rich.console import Console
 from rich.table import Table
 
 from application.worker import check_open_turns
+from interface.metrics import MetricsServer
 from interface.roles import OpenTurnsSource, Parts, Role
 
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+log = logging.getLogger("turnlog.worker")
 
 
 def worker(
@@ -24,17 +26,25 @@ def worker(
     drain_timeout: Annotated[
         float, typer.Option(min=0, help="On SIGTERM, seconds to finish the current steps.")
     ] = 30.0,
+    metrics_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Serve /metrics on this port (0: off).")
+    ] = 0,
+    metrics_host: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Run turns: pick up queued and orphaned turns until SIGTERM, then drain.
 
     Needs the open_turns read model kept by a projections runner
     (`turnlog projections run` or `turnlog serve --role projections`).
     """
-    from interface.serve import configure_logging
+    from interface.logs import configure_logging
 
     settings = ctx.find_root().obj.settings()
-    configure_logging(settings.log_format)
+    configure_logging(settings)
     parts = Parts(settings, Role.WORKER, worker_concurrency=concurrency)
+    metrics = MetricsServer(parts)
+    parts.observer = metrics.execution
+    if metrics_port:  # before the database: a busy port fails fast
+        metrics.start_or_exit(metrics_host, metrics_port)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -42,16 +52,14 @@ def worker(
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    parts.start()
+    parts.start()  # logs "worker … started: <start-up check>"
     assert parts.worker is not None
-    err.print(
-        f"worker {parts.worker.worker_id} started: {parts.worker.start_summary}", markup=False
-    )
     stop.wait()
-    err.print(f"draining (up to {drain_timeout:g}s)…")
+    log.info("draining (up to %gs)…", drain_timeout)
     held = parts.worker.held
     parts.stop(drain_timeout=drain_timeout)
-    err.print(f"worker stopped ({held} turn(s) were held)")
+    metrics.stop()
+    log.info("worker stopped (%d turn(s) were held)", held)
 
 
 def check(

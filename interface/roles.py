@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from application.log_context import bound
 from application.observer import Observer
 from application.runtime import Runtime
 from application.settings import Settings
@@ -113,7 +114,8 @@ class Parts:
                 runtime, OpenTurnsSource(self.read_models), self.worker_concurrency
             )
             summary = self.worker.start()
-            log.info("worker %s started: %s", self.worker.worker_id, summary)
+            with bound(worker_id=self.worker.worker_id):
+                log.info("worker %s started: %s", self.worker.worker_id, summary)
 
     def stop(self, drain_timeout: float = 30.0) -> None:
         """Stop in reverse order: worker (drained), projections, then the runtime."""

@@ -13,9 +13,7 @@ the worker and stop the runners.
 from __future__ import annotations
 
 import ipaddress
-import json
-import logging
-import sys
+import socket
 from types import FrameType
 from typing import Annotated, Any
 
@@ -23,6 +21,7 @@ import typer
 import uvicorn
 
 from application.settings import Settings
+from interface.logs import configure_logging
 from interface.roles import Role
 
 GRACEFUL_SECONDS = 30
@@ -41,11 +40,11 @@ def serve(
 ) -> None:
     """Serve the HTTP API with a worker and the projection runners (see --role)."""
     settings: Settings = ctx.find_root().obj.settings()
-    refusal = open_bind_refusal(host, settings)
+    refusal = open_bind_refusal(host, settings) or busy_port_refusal(host, port)
     if refusal:
         typer.echo(f"error: {refusal}", err=True)
         raise typer.Exit(2)
-    configure_logging(settings.log_format)
+    configure_logging(settings)
     from interface.http import create_app  # the CLI's other commands do not need FastAPI
 
     app = create_app(settings, role=role, worker_concurrency=concurrency)
@@ -74,6 +73,27 @@ def open_bind_refusal(host: str, settings: Settings) -> str:
     )
 
 
+def busy_port_refusal(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be served ('' when it is free), found before anything starts.
+
+    Without this check the process would prepare the namespace and start its
+    worker and runners, only for uvicorn to fail to bind afterwards.
+    """
+    if port == 0:
+        return ""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            return (
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another process (another"
+                " `turnlog serve`?) may be using it: stop it, or choose another --port."
+            )
+    return ""
+
+
 def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -97,30 +117,3 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._draining.set()
         super().handle_exit(sig, frame)
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        for key in ("request_id", "session_id", "turn_id", "worker_id"):
-            if hasattr(record, key):
-                entry[key] = getattr(record, key)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)

@@ -30,7 +30,7 @@ from domain.session import Session
 from projections.catalog import ReadModel, read_models
 from projections.log import EventLog
 from projections.rebuild import compare
-from projections.rows import Row
+from projections.rows import Row, storable
 
 
 @dataclass(frozen=True)
@@ -227,12 +227,16 @@ def disagreements(name: str, session: Session, rows: list[Row]) -> list[str]:
         return [] if actual == [expected] else [f"row {actual}, aggregate {expected}"]
     if name == "open_turns":
         want = {
-            t.turn_id: (str(t.state), sorted(c.call_id for c in session.unknown_calls(t)))
+            t.turn_id: (str(t.state), sorted(storable(c.call_id) for c in session.unknown_calls(t)))
             for t in session.turns
             if t.state.is_open
         }
         have = {r["turn_id"]: (r["state"], sorted(r["unknown_call_ids"])) for r in rows}
         return [] if have == want else [f"rows {have}, aggregate {want}"]
-    want_calls = {c.call_id: (str(c.state), c.attempt, c.name) for c in session.calls.values()}
+    # Rows hold texts as storable (NUL replaced); compare the aggregate's the same way.
+    want_calls = {
+        storable(c.call_id): (str(c.state), c.attempt, storable(c.name))
+        for c in session.calls.values()
+    }
     have_calls = {r["call_id"]: (r["state"], r["attempt"], r["tool"]) for r in rows}
     return [] if have_calls == want_calls else [f"rows {have_calls}, aggregate {want_calls}"]

@@ -101,7 +101,7 @@ class ReadModels:
         if session_id:
             filters["session_id"] = _check_uuid(session_id)
         if tool:
-            filters["tool"] = tool
+            filters["tool"] = _check_text("tool", tool)
         after = decode_cursor(cursor, "tool_calls", (int, str))
         rows = self._tool_calls.list_tool_calls(
             filters, limit + 1, (after[0], after[1]) if after else None
@@ -182,6 +182,10 @@ def decode_cursor(cursor: str | None, kind: str, types: tuple[type, ...]) -> Key
     for value, expected in zip(values, types, strict=True):
         if not isinstance(value, expected) or isinstance(value, bool):
             raise refused
+        if isinstance(value, str) and "\x00" in value:
+            raise refused  # PostgreSQL text cannot hold it: not a cursor this list gave
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise refused  # positions are bigint
     return values
 
 
@@ -200,6 +204,13 @@ def _check_limit(limit: int) -> int:
 def _check_choice(what: str, value: str | None, choices: Sequence[str]) -> None:
     if value is not None and value != "" and value not in choices:
         raise InvalidQuery(f"{what} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_text(what: str, value: str) -> str:
+    # PostgreSQL text cannot hold NUL: such a filter is malformed, not a server error.
+    if "\x00" in value:
+        raise InvalidQuery(f"{what} must not contain NUL characters")
+    return value
 
 
 def _check_uuid(value: str | UUID) -> UUID:

@@ -22,6 +22,13 @@ Row = dict[str, Any]
 
 SUMMARY_CHARS = 200
 
+# PostgreSQL text cannot hold NUL, but an event may (a title, a tool's result,
+# a model's tool name: JSON carries it). A row value with NUL would fail its
+# batch on every retry and stop the read model for good, so every text a row
+# holds is made storable here, in the fold itself: the Postgres view and the
+# in-memory reference fold then agree, and audit compares against the same.
+NUL_REPLACEMENT = "\ufffd"
+
 
 @dataclass(frozen=True)
 class Table:
@@ -64,24 +71,24 @@ class Rows:
             self._index(dict(row))
 
     def get(self, key: Key) -> Row | None:
-        return self._rows.get(key)
+        return self._rows.get(storable_key(key))
 
     def in_scope(self, scope: Key) -> list[Row]:
         """The rows of one scope (e.g. every tool call of a turn), in insertion order."""
-        return [self._rows[k] for k in self._scopes.get(scope, {})]
+        return [self._rows[k] for k in self._scopes.get(storable_key(scope), {})]
 
     def all(self) -> list[Row]:
         return list(self._rows.values())
 
     def put(self, row: Row) -> None:
-        """Insert a row, or replace the row with the same key."""
-        row = dict(row)
+        """Insert a row, or replace the row with the same key (its texts made storable)."""
+        row = {name: storable(value) for name, value in row.items()}
         self._index(row)
         self._changed[self.table.key_of(row)] = row
 
     def update(self, key: Key, **changes: Any) -> Row | None:
         """Change some columns of a row; None (and no change) when there is no such row."""
-        row = self._rows.get(key)
+        row = self._rows.get(storable_key(key))
         if row is None:
             return None
         new = {**row, **changes}
@@ -89,6 +96,7 @@ class Rows:
         return new
 
     def delete(self, key: Key) -> None:
+        key = storable_key(key)
         row = self._rows.pop(key, None)
         if row is None:
             return
@@ -108,6 +116,20 @@ class Rows:
         key = self.table.key_of(row)
         self._rows[key] = row
         self._scopes.setdefault(self.table.scope_key(row), {})[key] = None
+
+
+def storable(value: Any) -> Any:
+    """``value`` as a PostgreSQL text (or text[]) column can hold it: NUL replaced."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_REPLACEMENT) if "\x00" in value else value
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    return value
+
+
+def storable_key(key: Key) -> Key:
+    """A key as the rows hold it (ids from events may carry NUL too)."""
+    return tuple(storable(part) for part in key)
 
 
 def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:

@@ -28,7 +28,7 @@ from psycopg import Cursor, sql
 from psycopg.rows import DictRow
 
 from application.errors import ProjectionConflict
-from projections.rows import Key, Row, Rows, Table
+from projections.rows import Key, Row, Rows, Table, storable_key
 
 
 class ReadModelView(TrackingRecorder, ABC):
@@ -216,7 +216,7 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
             )
 
     def _load(self, curs: Cursor[DictRow], scopes: Iterable[Key]) -> Rows:
-        wanted = list(dict.fromkeys(scopes))
+        wanted = list(dict.fromkeys(storable_key(scope) for scope in scopes))
         if not wanted:
             return Rows(self.table)
         columns = [list(values) for values in zip(*wanted, strict=True)]

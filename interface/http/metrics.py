@@ -1,11 +1,13 @@
-"""Prometheus metrics of one process.
+"""Prometheus metrics of the HTTP process.
 
 Request counts and latencies are counted here as requests pass. Turn and
 tool-call outcomes are read from the log itself, incrementally: at the first
 scrape the counters start from the log's current position, and each scrape
 counts only the events stored since, so they cover every worker of the
-namespace (a counter reset at restart is normal for Prometheus). Open turns
-by state and projection lag come from the read models at scrape time.
+namespace (a counter reset at restart is normal for Prometheus). What this
+process executes, its connection pool, open turns by state and projection
+lag come from ``interface.metrics`` (shared with the processes that have no
+HTTP API).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from application.history import count_topics
 from domain.session import Session
+from interface.metrics import register_process_metrics
 
 if TYPE_CHECKING:
     from interface.roles import Parts
@@ -47,7 +50,6 @@ CALL_OUTCOMES = {
     Session.ToolCallFailed.TOPIC: "failed",
     Session.ToolCallResolved.TOPIC: "resolved",
 }
-OPEN_STATES = ("queued", "running", "interrupted")
 
 
 class Metrics:
@@ -68,6 +70,8 @@ class Metrics:
             registry=self.registry,
         )
         self.registry.register(_LogCollector(parts, streams))
+        # What this process runs: the executor reports to ``execution`` (see Parts).
+        self.execution = register_process_metrics(self.registry, parts)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -96,7 +100,6 @@ class _LogCollector(Collector):
         streams.add_metric([], self.streams.open)
         yield streams
         yield from self._outcomes()
-        yield from self._read_model_gauges()
 
     def _outcomes(self) -> Iterable[Metric]:
         runtime = self.parts.runtime
@@ -134,46 +137,3 @@ class _LogCollector(Collector):
                 self._turns[TURN_OUTCOMES[topic]] += n
             else:
                 self._calls[CALL_OUTCOMES[topic]] += n
-
-    def _read_model_gauges(self) -> Iterable[Metric]:
-        read_models = self.parts.read_models
-        if read_models is None:
-            return []
-        out: list[Metric] = []
-        try:
-            out.append(_open_turns(read_models))
-            out.append(_lag(read_models))
-        except Exception:
-            log.warning("could not read the read models for metrics", exc_info=True)
-        return out
-
-
-def _open_turns(read_models: Any) -> Metric:
-    gauge = GaugeMetricFamily("turnlog_open_turns", "Open turns by state.", labels=["state"])
-    for state in OPEN_STATES:
-        gauge.add_metric([state], _count(read_models, state))
-    return gauge
-
-
-def _count(read_models: Any, state: str, limit: int = 100_000) -> int:
-    counter = getattr(read_models, "count_open_turns", None)
-    if callable(counter):
-        return int(counter(state))
-    total, cursor = 0, None
-    while total < limit:
-        rows, cursor = read_models.list_open_turns(state, 500, cursor)
-        total += len(rows)
-        if not cursor:
-            break
-    return total
-
-
-def _lag(read_models: Any) -> Metric:
-    gauge = GaugeMetricFamily(
-        "turnlog_projection_lag_events",
-        "Events a read model has yet to process.",
-        labels=["projection"],
-    )
-    for row in read_models.status():
-        gauge.add_metric([str(row["name"])], float(row.get("lag_events") or 0))
-    return gauge

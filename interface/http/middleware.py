@@ -16,6 +16,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from application.log_context import bound
 from interface.http.errors import PROBLEM_MEDIA_TYPE, problem_bytes, problem_headers
 from interface.problems import PayloadTooLarge, Problem, problem_for
 
@@ -23,6 +24,8 @@ log = logging.getLogger("turnlog.http")
 
 MAX_BODY_BYTES = 1024 * 1024
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_UUID = r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}"
+_SESSION_PATH = re.compile(rf"/v1/sessions/({_UUID})(?:/|$)")
 
 
 async def send_problem(
@@ -68,23 +71,32 @@ class RequestIdMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_id)
-        except Exception:
-            log.exception(
-                "unhandled error in %s %s [request %s]",
-                scope.get("method"),
-                scope.get("path"),
-                request_id,
-                extra={"request_id": request_id},
-            )
-            if started:
-                raise  # too late for a problem body; the server closes the connection
-            bug = Problem(500, "Internal server error", "internal_error", _BUG_DETAIL)
-            await send_problem(send, bug, request_id, id_header=True)
+        # Every line logged while handling the request (uvicorn's access line
+        # included: it is written when the response starts) carries these ids.
+        with bound(request_id=request_id, session_id=_session_in(scope.get("path", ""))):
+            try:
+                await self.app(scope, receive, send_with_id)
+            except Exception:
+                log.exception(
+                    "unhandled error in %s %s [request %s]",
+                    scope.get("method"),
+                    scope.get("path"),
+                    request_id,
+                    extra={"request_id": request_id},
+                )
+                if started:
+                    raise  # too late for a problem body; the server closes the connection
+                bug = Problem(500, "Internal server error", "internal_error", _BUG_DETAIL)
+                await send_problem(send, bug, request_id, id_header=True)
 
 
 _BUG_DETAIL = "an unexpected error occurred; it was logged with this request id"
+
+
+def _session_in(path: str) -> str | None:
+    """The session id of a ``/v1/sessions/{id}…`` path (only a well-formed one)."""
+    match = _SESSION_PATH.match(path)
+    return match.group(1).lower() if match else None
 
 
 def _incoming_id(scope: Scope) -> str | None:

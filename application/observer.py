@@ -1,0 +1,44 @@
+"""What the agent loop reports as it runs: a port the interface implements.
+
+The executor tells an ``Observer`` about each model call and tool call (with
+its duration), each claim and each turn that ends; recovery tells it about
+interrupted turns. The interface turns these into Prometheus metrics; the
+application stays free of any metrics library. Observers are called on the
+thread running the turn and must return quickly and never raise.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Observer(Protocol):
+    """Receives execution facts as they happen in this process."""
+
+    def turn_claimed(self, claim: int) -> None:
+        """A turn was claimed; ``claim`` > 1 means it was taken over from an earlier owner."""
+
+    def model_called(self, provider: str, outcome: str, seconds: float) -> None:
+        """A model call ended: ``outcome`` is ``replied`` or ``error``."""
+
+    def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
+        """A tool call ended: ``succeeded``, ``failed`` or ``lost`` (ownership lost meanwhile)."""
+
+    def turn_ended(self, outcome: str) -> None:
+        """A turn this process ran ended: ``completed``, ``failed`` or ``interrupted``."""
+
+
+class Unobserved:
+    """The default observer: ignores everything."""
+
+    def turn_claimed(self, claim: int) -> None:
+        return None
+
+    def model_called(self, provider: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def turn_ended(self, outcome: str) -> None:
+        return None

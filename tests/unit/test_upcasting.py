@@ -1,0 +1,125 @@
+"""Changing an event's payload without breaking the stored log: versioned topics and upcasting.
+
+This is the recipe of docs/operations.md ("Upgrading"), on a small aggregate
+so it runs without a database. Version 1 of ``Edited`` stored ``text``;
+version 2 also records the ``editor``. The class gets the next topic
+(``….Edited.v2``) and ``class_version = 2``; ``upcast_v1_v2`` turns a stored
+version-1 payload into a version-2 one as it is read; the old topic is
+registered to the same class, so the events already stored still decode.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, cast
+from uuid import uuid4
+
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import StoredEvent
+from eventsourcing.utils import register_topic, resolve_topic
+
+from domain.session import Session
+
+
+class Note(Aggregate):
+    """A note whose Edited event is at payload version 2."""
+
+    TOPIC = "turnlog.example.Note.v1"
+
+    class Created(Aggregate.Created):
+        TOPIC = "turnlog.example.Note.Created.v1"
+        text: str
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.editor = ""
+
+    @classmethod
+    def write(cls, text: str) -> Note:
+        return cls._create(cls.Created, id=uuid4(), text=text)
+
+    def edit(self, text: str, editor: str) -> None:
+        self.trigger_event(self.Edited, text=text, editor=editor)
+
+    class Edited(Aggregate.Event):
+        TOPIC = "turnlog.example.Note.Edited.v2"
+        class_version = 2
+        text: str
+        editor: str
+
+        @staticmethod
+        def upcast_v1_v2(state: dict[str, Any]) -> None:
+            # Version 1 did not record who edited: say so rather than invent a name.
+            state["editor"] = "unknown (before v2)"
+
+        def apply(self, aggregate: Any) -> None:
+            note = cast(Note, aggregate)
+            note.text = self.text
+            note.editor = self.editor
+
+
+# Events stored under the old topic decode as the current class (then upcast).
+register_topic("turnlog.example.Note.Edited.v1", Note.Edited)
+
+
+def store_version_1_edit(app: Application[Any], note: Note, text: str) -> None:
+    """What version 1 of the code stored: its topic, its payload (no ``editor``)."""
+    payload = {"timestamp": Note.Edited.create_timestamp(), "text": text}
+    app.recorder.insert_events(
+        [
+            StoredEvent(
+                originator_id=note.id,
+                originator_version=note.version + 1,
+                topic="turnlog.example.Note.Edited.v1",
+                state=app.mapper.transcoder.encode(payload),
+            )
+        ]
+    )
+
+
+def test_an_old_payload_is_upcast_when_the_aggregate_is_read() -> None:
+    app: Application[Any] = Application()  # in memory: the mapper is the same as in PostgreSQL
+    note = Note.write("first")
+    app.save(note)
+    store_version_1_edit(app, note, "edited by version 1")
+
+    replayed = cast(Note, app.repository.get(note.id))
+
+    assert (replayed.text, replayed.editor) == ("edited by version 1", "unknown (before v2)")
+    assert replayed.version == 2
+
+
+def test_new_events_are_stored_under_the_new_topic_next_to_the_old_ones() -> None:
+    app: Application[Any] = Application()
+    note = Note.write("first")
+    app.save(note)
+    store_version_1_edit(app, note, "old")
+    note = cast(Note, app.repository.get(note.id))
+    note.edit("new", editor="ana")
+    app.save(note)
+
+    stored = list(app.recorder.select_events(note.id))
+    assert [s.topic for s in stored] == [
+        "turnlog.example.Note.Created.v1",
+        "turnlog.example.Note.Edited.v1",
+        "turnlog.example.Note.Edited.v2",
+    ]
+    assert app.mapper.transcoder.decode(stored[2].state)["class_version"] == 2
+    replayed = cast(Note, app.repository.get(note.id))
+    assert (replayed.text, replayed.editor) == ("new", "ana")
+
+
+def test_every_stored_topic_of_a_session_is_explicit_and_versioned() -> None:
+    topics = {
+        name: getattr(value, "TOPIC", None)
+        for name, value in vars(Session).items()
+        if isinstance(value, type)
+        and issubclass(value, Aggregate.Event | Session.Snapshot)
+        and name != "Event"  # the base class, never stored
+    }
+    topics["Session"] = Session.TOPIC
+    assert {"Created", "SessionStarted", "TurnSubmitted", "Snapshot"} <= set(topics)
+    for name, topic in topics.items():
+        assert topic and re.fullmatch(r"turnlog\.session\.\w+\.v\d+", topic), (name, topic)
+        assert resolve_topic(topic) is (Session if name == "Session" else vars(Session)[name])
