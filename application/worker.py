@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from application.log_context import bound
 from application.recovery import Verdict, decide, summarize
 from application.runtime import Runtime
 from domain.errors import DomainError
+from domain.session import Session
 
 log = logging.getLogger("turnlog.worker")
 
@@ -55,6 +57,13 @@ class WorkSource(Protocol):
     def catch_up(self, timeout: float) -> bool:
         """Wait (bounded) until the source reflects the log's current head."""
         ...
+
+
+# Events after which a session may have a turn for a worker to take.
+WORK_TOPICS = [Session.TurnSubmitted.TOPIC, Session.ToolCallResolved.TOPIC]
+
+
+BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed unexpectedly
 
 
 class Stopping(Exception):
@@ -145,6 +154,9 @@ class Worker:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._held: dict[str, Future[None]] = {}
+        self._offers: set[str] = set()
+        # Sessions whose turn failed unexpectedly here → (failures, not before).
+        self._benched: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="turnlog-turn")
         self._threads: list[threading.Thread] = []
@@ -223,21 +235,30 @@ class Worker:
 
     # ---------------------------------------------------------------- threads
 
+    def offer(self, session_id: UUID | str) -> None:
+        """A session that may have work now (a turn was submitted or resolved): try it first."""
+        with self._lock:
+            self._offers.add(str(session_id))
+        self._wake.set()
+
     def _dispatch(self) -> None:
         while not self._stop.is_set():
             woken = self._wake.wait(self.poll_interval)
             self._wake.clear()
-            if woken and not self._stop.is_set():
-                # A notification means an event was just stored; the read model
-                # we find work in may not have applied it yet. Wait for it
-                # (briefly) rather than miss the work until the next poll.
-                try:
-                    self.source.catch_up(0.5)
-                except Exception:
-                    log.warning("work source did not catch up", exc_info=True)
             if self._stop.is_set():
                 return
             try:
+                with self._lock:
+                    offers, self._offers = self._offers, set()
+                for session_id in offers:
+                    self._try_take(session_id)
+                if offers:
+                    continue  # the sessions we were told about; the poll covers the rest
+                if woken:
+                    # Woken without a named session: the read model we find work in
+                    # may not have applied the newest event yet. Wait for it (briefly)
+                    # rather than miss the work until the next poll.
+                    self.source.catch_up(0.5)
                 self._take_work()
             except Exception:
                 log.exception("finding work failed; retrying")
@@ -248,17 +269,25 @@ class Worker:
                 return
             if ref.state == "interrupted":
                 continue  # an operator must act first
+            self._try_take(ref.session_id)
+
+    def _try_take(self, key: str) -> None:
+        """Take the session's lease and work on it, unless it is ours or a live owner's."""
+        if self._stop.is_set() or self.held >= self.concurrency:
             with self._lock:
-                if ref.session_id in self._held:
-                    continue
-            session_id = UUID(ref.session_id)
-            lease = Lease.try_acquire(self.runtime.db, self.runtime.settings.namespace, session_id)
-            if lease is None:
-                continue  # a live owner holds it
-            with self._lock:
-                future = self._pool.submit(self._own, session_id, lease)
-                self._held[ref.session_id] = future
-            future.add_done_callback(self._releaser(ref.session_id))
+                self._offers.add(key)  # keep it for when a slot frees
+            return
+        with self._lock:
+            if key in self._held or time.monotonic() < self._benched.get(key, (0, 0.0))[1]:
+                return
+        session_id = UUID(key)
+        lease = Lease.try_acquire(self.runtime.db, self.runtime.settings.namespace, session_id)
+        if lease is None:
+            return  # a live owner holds it
+        with self._lock:
+            future = self._pool.submit(self._own, session_id, lease)
+            self._held[key] = future
+        future.add_done_callback(self._releaser(key))
 
     def _own(self, session_id: UUID, lease: Lease) -> None:
         # A pool thread starts with no log context: name the worker and session here.
@@ -269,6 +298,7 @@ class Worker:
         try:
             while not self._stop.is_set():
                 verdict = self.runtime.recover(session_id, lease, stop=self._stop)
+                self._unbench(str(session_id))  # it went through: no pause next time
                 if verdict is None or verdict.decision.startswith("leave"):
                     return
                 # The turn ended (or was interrupted); loop in case another one queued
@@ -279,10 +309,27 @@ class Worker:
             log.warning("stopped working on session: %s", exc)
         except (DomainError, ApplicationError) as exc:
             log.warning("turn refused: %s", exc)
+            self._bench(str(session_id))
         except Exception:
             log.exception("turn crashed")
+            self._bench(str(session_id))
         finally:
             lease.release()
+
+    def _unbench(self, key: str) -> None:
+        with self._lock:
+            self._benched.pop(key, None)
+
+    def _bench(self, key: str) -> None:
+        """Do not take a turn that just failed unexpectedly again at once: 1, 2, 4 … 60 s.
+
+        Retaking it at once claimed it again (an event) and failed again, in a
+        loop that wrote events without end; the failure may also be passing.
+        """
+        with self._lock:
+            failures = self._benched.get(key, (0, 0.0))[0] + 1
+            delay = min(BENCH_MAX_SECONDS, 2.0 ** (failures - 1))
+            self._benched[key] = (failures, time.monotonic() + delay)
 
     def _releaser(self, key: str) -> Callable[[Future[None]], None]:
         def release(_: Future[None]) -> None:
@@ -293,17 +340,41 @@ class Worker:
         return release
 
     def _listen(self) -> None:
-        """Wake the dispatcher on every insert into the namespace's events table."""
+        """On every insert into the events table, offer the sessions that got work.
+
+        The new events are read straight from the log (inserts are committed in
+        position order, so everything up to the head is visible), which does not
+        wait for the open-turns read model to apply them.
+        """
+        recorder = self.runtime.sessions.recorder
+        seen = recorder.max_notification_id() or 0
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.runtime.db.conninfo, autocommit=True) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier("sessions_events")))
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
-                            self._wake.set()
-            except psycopg.Error:
+                            seen = self._offer_new_work(seen)
+            except (psycopg.Error, ApplicationError):
                 log.warning("LISTEN connection lost; reconnecting", exc_info=True)
                 self._stop.wait(self.poll_interval)
+            except Exception:
+                log.exception("reading new events failed; the poll covers them")
+                self._wake.set()
+                self._stop.wait(self.poll_interval)
+
+    def _offer_new_work(self, seen: int) -> int:
+        recorder = self.runtime.sessions.recorder
+        head = recorder.max_notification_id() or 0
+        if head > seen:
+            found = recorder.select_notifications(
+                start=seen, stop=head, limit=1000, topics=WORK_TOPICS, inclusive_of_start=False
+            )
+            for notification in found:
+                self.offer(notification.originator_id)
+            if len(found) == 1000:
+                self._wake.set()  # more than we read: let the poll of the read model find it
+        return head
 
     def _heartbeat(self) -> None:
         """Keep the registry row fresh, on one connection reopened when it breaks."""

@@ -8,11 +8,13 @@ outcome is unknown or was given up get an explicit placeholder.
 from __future__ import annotations
 
 import json
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from domain.session import Session
-from domain.turns import CallState, ToolCall, TurnState
+from domain.turns import CallState, ToolCall, Turn, TurnState
 
 PLACEHOLDER_UNKNOWN = "outcome unknown: the worker running this call stopped before it reported"
 PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
@@ -59,33 +61,61 @@ def next_request(session: Session) -> ModelRequest:
     if session.system_prompt:
         messages.append(Message("system", session.system_prompt))
     for turn in session.turns:
-        messages.append(Message("user", turn.message))
-        for step in turn.steps:
-            calls = [session.calls[c] for c in step.call_ids]
-            messages.append(
-                Message(
-                    "assistant",
-                    step.text,
-                    tool_calls=tuple(
-                        {"call_id": c.call_id, "name": c.name, "arguments": c.arguments}
-                        for c in calls
-                    ),
-                )
-            )
-            for call in calls:
-                messages.append(
-                    Message(
-                        "tool", tool_result_text(call), tool_call_id=call.call_id, name=call.name
-                    )
-                )
-        if turn.state is TurnState.COMPLETED and not _reply_is_last_step(turn.reply, turn.steps):
-            messages.append(Message("assistant", turn.reply))
+        messages.extend(_turn_messages(session, turn))
     return ModelRequest(
         provider=session.provider,
         model=session.model,
         messages=tuple(messages),
         tools=tuple(session.tools),
     )
+
+
+# Finished turns never change again (no event touches a completed, failed or
+# abandoned turn or its calls), and session copies share their objects, so
+# their messages are rendered once per turn object and remembered for as long
+# as the object lives. Open turns are rendered every time.
+_rendered: dict[int, tuple[weakref.ref[Turn], tuple[Message, ...]]] = {}
+
+
+def _turn_messages(session: Session, turn: Turn) -> tuple[Message, ...]:
+    if turn.state.is_open:
+        return _render(session, turn)
+    key = id(turn)
+    hit = _rendered.get(key)
+    if hit is not None and hit[0]() is turn:
+        return hit[1]
+    messages = _render(session, turn)
+    _rendered[key] = (weakref.ref(turn, _forget(key)), messages)
+    return messages
+
+
+def _forget(key: int) -> Callable[[weakref.ref[Turn]], None]:
+    def forget(_: weakref.ref[Turn]) -> None:
+        _rendered.pop(key, None)
+
+    return forget
+
+
+def _render(session: Session, turn: Turn) -> tuple[Message, ...]:
+    messages = [Message("user", turn.message)]
+    for step in turn.steps:
+        calls = [session.calls[c] for c in step.call_ids]
+        messages.append(
+            Message(
+                "assistant",
+                step.text,
+                tool_calls=tuple(
+                    {"call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls
+                ),
+            )
+        )
+        for call in calls:
+            messages.append(
+                Message("tool", tool_result_text(call), tool_call_id=call.call_id, name=call.name)
+            )
+    if turn.state is TurnState.COMPLETED and not _reply_is_last_step(turn.reply, turn.steps):
+        messages.append(Message("assistant", turn.reply))
+    return tuple(messages)
 
 
 def _reply_is_last_step(reply: str, steps: list[Any]) -> bool:

@@ -133,19 +133,6 @@ class Parts:
             self.runtime.close()
             self.runtime = None
 
-    def wake_worker(self, position: int | None = None, timeout: float = 5.0) -> None:
-        """Tell this process's worker a turn is waiting (blocking up to ``timeout``).
-
-        The worker finds work in the open-turns read model, so waking it
-        before that read model has processed ``position`` would find nothing
-        and leave the turn to the next poll; wait for it first (bounded).
-        """
-        if self.worker is None:
-            return
-        if position is not None and self.read_models is not None:
-            self.read_models.wait_for(position, timeout, ["open_turns"])
-        self.worker.wake()
-
     def checks(self) -> dict[str, bool]:
         """What /readyz reports besides the database."""
         checks = {"started": self.runtime is not None}

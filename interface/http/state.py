@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from dataclasses import dataclass, field
-
-from fastapi.concurrency import run_in_threadpool
+from uuid import UUID
 
 from application.history import History
 from interface.http.metrics import Metrics
@@ -39,15 +37,8 @@ class AppState:
     draining: threading.Event = field(default_factory=threading.Event)
     start_error: BaseException | None = None
     history: History | None = None
-    _wakers: set[asyncio.Task[None]] = field(default_factory=set)
 
-    def wake_worker(self, position: int | None) -> None:
-        """Wake this process's worker once the open-turns read model has seen ``position``.
-
-        Runs in the background: the answer does not wait for it.
-        """
-        if self.parts.worker is None:
-            return
-        task = asyncio.create_task(run_in_threadpool(self.parts.wake_worker, position))
-        self._wakers.add(task)  # keep a reference until it is done
-        task.add_done_callback(self._wakers.discard)
+    def wake_worker(self, session_id: UUID) -> None:
+        """Offer the session to this process's worker, which tries it at once."""
+        if self.parts.worker is not None:
+            self.parts.worker.offer(session_id)

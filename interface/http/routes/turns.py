@@ -65,7 +65,7 @@ async def submit_turn(
     submitted: Submitted = await run_in_threadpool(
         sessions.submit_turn, session_id, body.message, idempotency_key or ""
     )
-    state.wake_worker(submitted.position)
+    state.wake_worker(session_id)
     position = submitted.position
     if not submitted.created:
         response.headers["Idempotent-Replayed"] = "true"
@@ -137,6 +137,6 @@ async def resolve_tool_call(
         body.note,
         body.actor,
     )
-    state.wake_worker(written.position)
+    state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
     return _turn_written(session_id, view, written.position)
