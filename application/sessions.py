@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, Transcoding
 
 from application.errors import ConcurrentModification, SessionNotFound
@@ -49,6 +49,28 @@ class Sessions(Application[UUID]):
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
+
+    def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
+        """Snapshot the sessions just saved, from memory, when a save crosses an interval.
+
+        The library's default reloads the aggregate from the store to snapshot
+        it; the object in hand is exactly what was just saved, so use it.
+        """
+        if self.snapshots is None:
+            return
+        interval = self.snapshotting_intervals.get(Session)
+        if not interval:
+            return
+        crossed = {
+            e.originator_id for e in processing_event.events if e.originator_version % interval == 0
+        }
+        snapshots = [
+            Session.Snapshot.take(aggregate)
+            for aggregate_id, aggregate in processing_event.aggregates.items()
+            if aggregate_id in crossed and isinstance(aggregate, Session)
+        ]
+        if snapshots:
+            self.snapshots.put(snapshots)
 
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
@@ -171,11 +193,17 @@ class _DataclassAsDict(Transcoding):
 
     def decode(self, data: dict[str, Any]) -> Any:
         obj = self.type(**data)
+        # Member lookup by value without the enum call's overhead (hot when a
+        # long session's snapshot is decoded).
         if isinstance(obj, Turn):
-            obj.state = TurnState(obj.state)
+            obj.state = _TURN_STATES[obj.state]
         elif isinstance(obj, ToolCall):
-            obj.state = CallState(obj.state)
+            obj.state = _CALL_STATES[obj.state]
         return obj
+
+
+_TURN_STATES: dict[str, TurnState] = {s.value: s for s in TurnState}
+_CALL_STATES: dict[str, CallState] = {s.value: s for s in CallState}
 
 
 def _plain(value: Any) -> Any:

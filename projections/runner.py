@@ -173,6 +173,11 @@ class ReadModelRunner:
         if self._listen:
             for _ in conn.notifies(timeout=self._poll_interval, stop_after=1):
                 break
+            # Drain what else arrived: one read covers them all, and a backlog
+            # left behind would grow without bound and make every wait return
+            # at once (a busy loop on empty reads).
+            for _ in conn.notifies(timeout=0):
+                pass
         else:
             conn.execute("SELECT 1")
             self._stopping.wait(self._poll_interval)
