@@ -36,7 +36,7 @@ bench-quick: $(STAMP)
 
 # `make profile FIG=1`: where turnlog's time goes in one figure (py-spy; see the script).
 profile: $(STAMP)
-	$(BIN)/python tests/benchmarks/profile.py $(FIG)
+	$(BIN)/python tests/benchmarks/profiling.py $(FIG)
 
 format: $(STAMP)
 	$(BIN)/ruff format .

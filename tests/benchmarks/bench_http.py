@@ -1,0 +1,327 @@
+"""Figures 6 and 8: a real `turnlog serve` subprocess driven over HTTP.
+
+Figure 6: submit a turn with ``?wait`` from 16 concurrent clients (httpx),
+latency and turns/s, against the same turns through the application API in
+one process (16 threads calling ``Runtime.send``, which takes the session's
+lease and runs the turn, as the serve worker does). Figure 8: the serve
+process's peak RSS after 10,000 turns against after 100.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from uuid import UUID
+
+import httpx
+
+from application.database import Database
+from application.settings import Settings
+from interface.bootstrap import build_runtime
+from tests.benchmarks.bench_throughput import Config
+from tests.benchmarks.bench_turns import TOOL_MESSAGE
+from tests.benchmarks.suite import Figure, Row, Stat, fmt, percentile, scratch_namespace
+from tests.fault.cluster import Process, free_port, poll
+
+CLIENTS = 16
+
+
+class Serve:
+    """One `turnlog serve` subprocess (all roles) on a free port."""
+
+    def __init__(self, settings: Settings, *extra: str, **env: str) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = Process(
+            settings, f"serve-{port}", "serve", "--port", str(port), "--role", "all", *extra, **env
+        )
+        poll(self._ready, 60, "serve ready")
+
+    def _ready(self) -> bool:
+        if self.process.proc.poll() is not None:
+            raise RuntimeError(f"serve exited:\n{self.process.output()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def memory_kib(self) -> dict[str, int]:
+        """VmHWM (peak RSS) and VmRSS of the serve process, in KiB."""
+        out = {}
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0])
+        return out
+
+    def stop(self) -> None:
+        import signal
+
+        self.process.signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except Exception:
+            self.process.kill()
+
+
+class HttpClient:
+    """One client: its own connection and session; each turn is one submit with ``?wait``."""
+
+    def __init__(self, url: str) -> None:
+        self.http = httpx.Client(base_url=url, timeout=120)
+        response = self.http.post("/v1/sessions", json={"title": "bench", "tools": ["echo"]})
+        response.raise_for_status()
+        self.session_id = response.json()["session_id"]
+
+    def turn(self, message: str = TOOL_MESSAGE) -> float:
+        started = time.perf_counter()
+        response = self.http.post(
+            f"/v1/sessions/{self.session_id}/turns", params={"wait": 60}, json={"message": message}
+        )
+        elapsed = time.perf_counter() - started
+        body = response.json()
+        if response.status_code != 200 or body.get("state") != "completed":
+            raise RuntimeError(f"turn not completed: {response.status_code} {body}")
+        return elapsed
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def drive(turn_fns: list[Callable[[], float]], turns: int) -> tuple[list[float], float]:
+    """Each function in its own thread, ``turns`` times, started together.
+
+    Returns every latency (seconds) and the wall time from the start to the last finish.
+    """
+    latencies: list[list[float]] = [[] for _ in turn_fns]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(turn_fns) + 1)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(turns):
+                latencies[index].append(turn_fns[index]())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(turn_fns))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    return [x for xs in latencies for x in xs], wall
+
+
+def http_run(settings: Settings, clients: int, turns: int) -> tuple[list[float], float]:
+    serve = Serve(settings, "--concurrency", str(clients))
+    try:
+        pool = [HttpClient(serve.url) for _ in range(clients)]
+        for c in pool:
+            c.turn()  # warm-up: connection, session cache, worker
+        result = drive([c.turn for c in pool], turns)
+        for c in pool:
+            c.close()
+        return result
+    finally:
+        serve.stop()
+
+
+def inprocess_run(settings: Settings, clients: int, turns: int) -> tuple[list[float], float]:
+    runtime = build_runtime(settings)
+    try:
+        ids = [runtime.sessions.create_session(tools=["echo"]).session_id for _ in range(clients)]
+
+        def turn_of(session_id: UUID) -> Callable[[], float]:
+            def turn() -> float:
+                started = time.perf_counter()
+                sent = runtime.send(session_id, TOOL_MESSAGE)
+                elapsed = time.perf_counter() - started
+                if sent.turn.state != "completed":
+                    raise RuntimeError(f"turn not completed: {sent.turn}")
+                return elapsed
+
+            return turn
+
+        fns = [turn_of(s) for s in ids]
+        for fn in fns:
+            fn()  # warm-up
+        return drive(fns, turns)
+    finally:
+        runtime.close()
+
+
+# ------------------------------------------------------------------ figure 6
+
+
+def figure_6(db: Database, cfg: Config) -> Figure:
+    turns = cfg.pick(25, 8)
+    solo_turns = cfg.pick(60, 20)
+    p50, p99, rate = {"http": [], "app": []}, {"http": [], "app": []}, {"http": [], "app": []}
+    solo: dict[str, list[float]] = {"http": [], "app": []}
+    with scratch_namespace(db) as settings:
+        for _ in range(cfg.repeat):
+            for kind, run in (("http", http_run), ("app", inprocess_run)):
+                latencies, wall = run(settings, CLIENTS, turns)
+                ms = [x * 1000 for x in latencies]
+                p50[kind].append(percentile(ms, 50))
+                p99[kind].append(percentile(ms, 99))
+                rate[kind].append(len(latencies) / wall)
+        for _ in range(cfg.repeat):
+            for kind, run in (("http", http_run), ("app", inprocess_run)):
+                latencies, _ = run(settings, 1, solo_turns)
+                solo[kind].append(percentile([x * 1000 for x in latencies], 50))
+    h50, a50 = Stat(p50["http"], "ms"), Stat(p50["app"], "ms")
+    overhead = h50.median - a50.median
+    hr, ar = Stat(rate["http"], "turns/s"), Stat(rate["app"], "turns/s")
+    throughput = hr.median / ar.median
+    solo_overhead = Stat(solo["http"], "ms").median - Stat(solo["app"], "ms").median
+    return Figure(
+        6,
+        f"HTTP submit turn + ?wait, {CLIENTS} concurrent clients",
+        [
+            Row(
+                "6a",
+                f"latency p50, {CLIENTS} clients",
+                h50,
+                a50,
+                h50.median / a50.median,
+                "overhead ≤ 5 ms",
+                overhead <= 5,
+                ratio_label=f"{overhead:+,.1f} ms",
+            ),
+            Row(
+                "6b",
+                f"latency p99, {CLIENTS} clients",
+                Stat(p99["http"], "ms"),
+                Stat(p99["app"], "ms"),
+                Stat(p99["http"], "ms").median / Stat(p99["app"], "ms").median,
+                "—",
+                None,
+            ),
+            Row(
+                "6c", f"turns/s, {CLIENTS} clients", hr, ar, throughput, "≥ 0.5x", throughput >= 0.5
+            ),
+            Row(
+                "6d",
+                "latency p50, 1 client (uncontended)",
+                Stat(solo["http"], "ms"),
+                Stat(solo["app"], "ms"),
+                None,
+                "—",
+                None,
+                ratio_label=f"{solo_overhead:+,.1f} ms",
+            ),
+        ],
+        how=(
+            f"HTTP: a fresh `turnlog serve --role all --concurrency {CLIENTS}` subprocess per"
+            f" run; {CLIENTS} client threads (one `httpx.Client` and one session each), one"
+            f" warm-up turn each, then {turns} turns each, all started together: `POST"
+            " /v1/sessions/{id}/turns?wait=60` with the figure-1 message, timed until the 200"
+            " with the completed turn. Baseline: the same turns through the application API in"
+            f" one process: {CLIENTS} threads sharing one runtime, each calling `Runtime.send`"
+            " (takes the session's lease, submits, runs the turn) on its own session. turns/s ="
+            " all turns / wall time. Row 6d: the same with one client, sequential"
+            f" ({solo_turns} turns), the uncontended cost of the HTTP path. Runs alternate."
+            " The clients run in the benchmark process on the same two cores."
+        ),
+        details={"turns_per_client": turns, "solo_turns": solo_turns},
+    )
+
+
+# ------------------------------------------------------------------ figure 8
+
+
+def rss_run(
+    settings: Settings, total: int, per_session: int, **env: str
+) -> dict[int, dict[str, int]]:
+    """Peak RSS of one serve process (defaults) at checkpoints while it runs ``total`` turns."""
+    checkpoints = sorted({100, total // 10, total // 2, total})
+    serve = Serve(settings, **env)
+    readings: dict[int, dict[str, int]] = {0: serve.memory_kib()}
+    lock = threading.Lock()
+    done = [0]
+    errors: list[BaseException] = []
+
+    def client() -> None:
+        try:
+            http: HttpClient | None = None
+            while True:
+                with lock:
+                    if done[0] >= total:
+                        break
+                    done[0] += 1
+                    n = done[0]
+                if http is None or n % per_session == 0:
+                    if http is not None:
+                        http.close()
+                    http = HttpClient(serve.url)
+                http.turn()
+                if n in checkpoints:
+                    readings[n] = serve.memory_kib()
+            if http is not None:
+                http.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        readings[total] = serve.memory_kib()
+        return readings
+    finally:
+        serve.stop()
+
+
+def figure_8(db: Database, cfg: Config) -> Figure:
+    total = cfg.pick(10_000, 1_000)
+    per_session = 25
+    runs: list[dict[int, dict[str, int]]] = []
+    started = time.monotonic()
+    with scratch_namespace(db) as settings:
+        # One run: 10,000 turns through serve take minutes; RSS is a growth check whose
+        # readings barely vary between runs, unlike timings.
+        runs.append(rss_run(settings, total, per_session))
+    seconds = time.monotonic() - started
+    big = Stat([r[total]["VmHWM"] / 1024 for r in runs], "MiB")
+    small = Stat([r[100]["VmHWM"] / 1024 for r in runs], "MiB")
+    ratio = big.median / small.median
+    curve = {n: round(v["VmHWM"] / 1024, 1) for n, v in sorted(runs[-1].items())}
+    return Figure(
+        8,
+        f"peak RSS of serve after {total:,} turns",
+        [
+            Row(
+                "8",
+                f"serve VmHWM after {total:,} turns (vs after 100)",
+                big,
+                small,
+                ratio,
+                "≤ 1.5x",
+                ratio <= 1.5,
+            )
+        ],
+        how=(
+            "One `turnlog serve --role all` with default settings (worker concurrency 4,"
+            f" session cache 1,000); {CLIENTS} HTTP clients submit turns with `?wait` (the"
+            f" figure-1 message), each starting a new session every {per_session} turns, until"
+            f" {total:,} turns are done. VmHWM (peak RSS) is read from /proc/<pid>/status of"
+            " the serve process after 100 turns (the baseline) and at the end; both readings"
+            f" come from the same process. Peak RSS in MiB by turns done: {curve}."
+            f" {len(runs)} run(s) of {fmt(seconds / max(len(runs), 1))} s: this figure is a"
+            " growth check, not a timing, and one 10,000-turn run costs minutes."
+        ),
+        details={"runs": runs, "turns_per_session": per_session},
+    )

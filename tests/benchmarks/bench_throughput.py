@@ -1,0 +1,346 @@
+"""Figures 1, 2 and 7: turns per second, alone and with 8 sessions, and live projection lag.
+
+Built on ``bench_turns`` (a turn of the fixture provider with one tool call,
+against raw psycopg with the same events and commit points).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from application.database import Database
+from projections import ReadModels
+from projections.catalog import read_models
+from tests.benchmarks import bench_turns
+from tests.benchmarks.suite import (
+    Figure,
+    Row,
+    Stat,
+    drop_schema,
+    fmt,
+    interleave,
+    new_namespace,
+    percentile,
+    ratio_of,
+    scratch_namespace,
+)
+from tests.fault.cluster import Process, poll
+
+PROCESSES = 8
+
+
+@dataclass
+class Config:
+    """Sizes of one run of the suite (``quick`` shrinks them)."""
+
+    quick: bool = False
+    repeat: int = 3
+    shared: dict[str, Any] = field(default_factory=dict)  # results figures hand to later ones
+
+    def pick(self, full: int, quick: int) -> int:
+        return quick if self.quick else full
+
+
+class WriterPool:
+    """``procs`` spawned processes that run figure-1 turns together, on request.
+
+    Spawned once and reused for every run of a figure, so the runs measure
+    turns and not the interpreter's start-up; each run starts at a barrier
+    after a warm-up turn, as ``bench_turns.concurrent_rate`` does.
+    """
+
+    def __init__(self, db: Database, procs: int = PROCESSES) -> None:
+        ctx = mp.get_context("spawn")
+        self._barrier = ctx.Barrier(procs)
+        self._out: Any = ctx.Queue()
+        self._tasks: list[Any] = [ctx.Queue() for _ in range(procs)]
+        self._procs = [
+            ctx.Process(target=_pool_worker, args=(db.conninfo, q, self._barrier, self._out))
+            for q in self._tasks
+        ]
+        for p in self._procs:
+            p.start()
+
+    def rate(self, kind: str, target: str, turns: int) -> float:
+        """Total turns/s: all processes' turns over the slowest process's time."""
+        for q in self._tasks:
+            q.put((kind, target, turns))
+        results = [self._out.get(timeout=600) for _ in self._tasks]
+        failures = [r for r in results if isinstance(r, str)]
+        if failures:
+            raise RuntimeError(f"a writer process failed: {failures[0]}")
+        return len(results) * turns / max(results)
+
+    def close(self) -> None:
+        for q in self._tasks:
+            q.put(None)
+        for p in self._procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> WriterPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _pool_worker(conninfo: str, tasks: Any, barrier: Any, out: Any) -> None:
+    while (task := tasks.get()) is not None:
+        kind, target, turns = task
+        fn = bench_turns.turnlog_turns if kind == "turnlog" else bench_turns.raw_turns
+        try:
+            out.put(fn(conninfo, target, turns, barrier))
+        except Exception as exc:
+            barrier.abort()
+            out.put(f"{type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------------ figure 1
+
+
+SESSION_TURNS = (150, 40)  # turns per session in figures 1, 2 and 7 (full, quick)
+
+
+def timed_turns(conninfo: str, namespace: str, turns: int) -> list[float]:
+    """``bench_turns.turnlog_turns``, keeping each turn's time (seconds)."""
+    from interface.bootstrap import build_runtime
+
+    params = dict(psycopg.conninfo.conninfo_to_dict(conninfo))
+    rt = build_runtime(bench_turns.bench_settings(Database(params, embedded=False), namespace))
+    try:
+        session_id = rt.sessions.create_session(tools=["echo"]).session_id
+        bench_turns.run_turn(rt, session_id)  # warm-up
+        times = []
+        for _ in range(turns):
+            started = time.perf_counter()
+            bench_turns.run_turn(rt, session_id)
+            times.append(time.perf_counter() - started)
+        return times
+    finally:
+        rt.close()
+
+
+def figure_1(db: Database, cfg: Config) -> Figure:
+    turns = cfg.pick(*SESSION_TURNS)
+    namespace = new_namespace()
+    raw_schema = f"raw_{namespace}"
+    bench_turns.raw_setup(db, raw_schema)
+    per_turn: list[list[float]] = []
+
+    def ours() -> float:
+        per_turn.append(timed_turns(db.conninfo, namespace, turns))
+        return turns / sum(per_turn[-1])
+
+    try:
+        mine, raw = interleave(
+            max(cfg.repeat, 5),
+            ours,
+            lambda: turns / bench_turns.raw_turns(db.conninfo, raw_schema, turns),
+        )
+    finally:
+        drop_schema(db, f"turnlog_{namespace}")
+        drop_schema(db, raw_schema)
+    t, b = Stat(mine, "turns/s"), Stat(raw, "turns/s")
+    cfg.shared["turns_1"] = t.median
+    ratio = ratio_of(t, b)
+    third = max(1, turns // 3)
+    first = statistics.median(third / sum(r[:third]) for r in per_turn)
+    last = statistics.median(third / sum(r[-third:]) for r in per_turn)
+    return Figure(
+        1,
+        "turns/s, one session (fixture provider, one tool call per turn)",
+        [Row("1", "turns/s, 1 session", t, b, ratio, "≥ 0.5x", ratio >= 0.5)],
+        how=(
+            f"One process drives {turns} turns in one new session through the application API"
+            " (`sessions.submit_turn` + `executor.run_turn`, every step saved before the next;"
+            " 7 events in 6 commits per turn: submitted | claimed | model reply | tool started"
+            " | tool succeeded | model reply + completed), after one warm-up turn; the runtime"
+            " is built outside the timing. Baseline: raw psycopg on one connection, one INSERT"
+            " per event (rows of the same sizes), one transaction per durable step, same"
+            " commit points. Runs alternate turnlog/baseline. A turn's cost grows with the"
+            f" session's length: turnlog's median rate over turns 1-{third} was"
+            f" {fmt(first)} turns/s, over the last {third} turns {fmt(last)} turns/s."
+        ),
+        details={"turns_per_run": turns, "rate_first_third": first, "rate_last_third": last},
+    )
+
+
+# ------------------------------------------------------------------ figure 2
+
+
+def figure_2(db: Database, cfg: Config) -> Figure:
+    turns = cfg.pick(*SESSION_TURNS)
+    namespace = new_namespace()
+    raw_schema = f"raw_{namespace}"
+    bench_turns.raw_setup(db, raw_schema)
+    try:
+        with WriterPool(db) as pool:
+            ours, raw = interleave(
+                cfg.repeat,
+                lambda: pool.rate("turnlog", namespace, turns),
+                lambda: pool.rate("raw", raw_schema, turns),
+            )
+    finally:
+        drop_schema(db, f"turnlog_{namespace}")
+        drop_schema(db, raw_schema)
+    t, b = Stat(ours, "turns/s"), Stat(raw, "turns/s")
+    cfg.shared["turns_8"] = t.median
+    ratio = ratio_of(t, b)
+    rows = [Row("2", "turns/s, 8 sessions (8 processes)", t, b, ratio, "≥ 0.5x", ratio >= 0.5)]
+    single = cfg.shared.get("turns_1")
+    if single:
+        scale = t.median / single
+        rows.append(
+            Row(
+                "2b",
+                "8-session turns/s over turnlog's own 1-session turns/s",
+                t,
+                Stat([single], "turns/s"),
+                scale,
+                "≥ 1.5x",
+                scale >= 1.5,
+            )
+        )
+    return Figure(
+        2,
+        "turns/s with 8 sessions driven concurrently",
+        rows,
+        how=(
+            f"{PROCESSES} processes (spawned once and reused by every run), each building its"
+            " own runtime and a new session per run, start together at a barrier after a"
+            f" warm-up turn and run {turns} turns each as in figure 1; rate = all turns / the"
+            " slowest process's time. Baseline: the raw"
+            f" psycopg writer of figure 1 in {PROCESSES} processes. Row 2b compares with"
+            " figure 1's turnlog median from the same run."
+        ),
+        details={"turns_per_process": turns, "processes": PROCESSES},
+    )
+
+
+# ------------------------------------------------------------------ figure 7
+
+
+class LagSampler:
+    """Polls the log head and the read models' positions; lag = first seen → first tracked.
+
+    An event counts as committed at the first poll whose snapshot shows it
+    (the log head has reached its position), and as projected at the first
+    poll where every read model's tracking position has reached it (the
+    view rows and the tracking row commit in one transaction). Both ends
+    carry one poll interval of uncertainty; the intervals are recorded.
+    """
+
+    def __init__(self, db: Database, schema: str, sleep: float = 0.001) -> None:
+        self._db = db
+        self._sleep = sleep
+        positions = [
+            sql.SQL(
+                "coalesce((SELECT notification_id FROM {}.{} WHERE application_name = 'Sessions'),"
+                " 0)"
+            ).format(sql.Identifier(schema), sql.Identifier(m.tracking_table))
+            for m in read_models()
+        ]
+        self._query = sql.SQL(
+            "SELECT (SELECT coalesce(max(notification_id), 0) FROM {}.sessions_events), least({})"
+        ).format(sql.Identifier(schema), sql.SQL(", ").join(positions))
+        self.lags: list[float] = []  # seconds, one per event
+        self.intervals: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
+        self.head = 0
+        self.tracked = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        pending: list[tuple[int, int, float]] = []  # (from, to, first seen)
+        last_poll = None
+        with psycopg.connect(self._db.conninfo, autocommit=True) as conn:
+            conn.execute("SET application_name = 'turnlog-bench-lag'")
+            self.head, self.tracked = conn.execute(self._query).fetchone() or (0, 0)
+            while not self._stop.is_set():
+                head, tracked = conn.execute(self._query, prepare=True).fetchone() or (0, 0)
+                now = time.monotonic()
+                if last_poll is not None:
+                    self.intervals.append(now - last_poll)
+                last_poll = now
+                if head > self.head:
+                    pending.append((self.head, head, now))
+                    self.head = head
+                self.tracked = tracked
+                while pending and pending[0][1] <= tracked:
+                    low, high, seen = pending.pop(0)
+                    self.lags.extend([now - seen] * (high - low))
+                if pending and pending[0][0] < tracked:
+                    low, high, seen = pending[0]  # partly tracked
+                    self.lags.extend([now - seen] * (tracked - low))
+                    pending[0] = (tracked, high, seen)
+                time.sleep(self._sleep)
+
+
+def figure_7(db: Database, cfg: Config) -> Figure:
+    turns = cfg.pick(*SESSION_TURNS)
+    p50s, p99s, rates, intervals, counts = [], [], [], [], []
+    with scratch_namespace(db) as settings:
+        ReadModels(db, settings).close()  # create the tables before the runner and the sampler
+        runner = Process(settings, "projections", "projections", "run")
+        try:
+            status = ReadModels(db, settings)
+            poll(lambda: all(s["running"] for s in status.status()), 60, "projections running")
+            status.close()
+            pool = WriterPool(db)
+            for _ in range(cfg.repeat):
+                sampler = LagSampler(db, settings.schema_name)
+                sampler.start()
+                rates.append(pool.rate("turnlog", settings.namespace, turns))
+                poll(lambda s=sampler: s.tracked >= s.head, 60, "projections caught up")
+                time.sleep(0.05)
+                sampler.stop()
+                lags_ms = [lag * 1000 for lag in sampler.lags]
+                p50s.append(percentile(lags_ms, 50))
+                p99s.append(percentile(lags_ms, 99))
+                intervals.append(percentile([i * 1000 for i in sampler.intervals], 50))
+                counts.append(len(lags_ms))
+            pool.close()
+        finally:
+            runner.kill()
+    p99 = Stat(p99s, "ms")
+    return Figure(
+        7,
+        "live projection lag (commit → read-model row) under figure 2's load",
+        [
+            Row("7", "lag p50, ms", Stat(p50s, "ms"), None, None, "—", None),
+            Row("7b", "lag p99, ms", p99, None, None, "p99 ≤ 250 ms", p99.median <= 250),
+        ],
+        how=(
+            "A real `turnlog projections run` process (all three read models) follows the log"
+            f" while {PROCESSES} processes run {turns} turns each as in figure 2. A sampler"
+            " thread polls, about every millisecond on its own connection, one snapshot of the"
+            " log head and the lowest tracking position of the three read models: an event"
+            " counts as committed at the first poll that sees it and as projected at the first"
+            " poll where every read model has tracked it (rows and tracking commit together)."
+            " Lag is per event; p50 and p99 per run, median over runs. Resolution is one poll"
+            f" (median poll interval {', '.join(f'{i:.1f}' for i in intervals)} ms); no"
+            " baseline."
+        ),
+        details={
+            "events_sampled": counts,
+            "turns_per_second_during_runs": rates,
+            "poll_interval_ms_p50": intervals,
+        },
+    )
