@@ -9,16 +9,14 @@ from __future__ import annotations
 import getpass
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -32,8 +30,8 @@ from interface.cli_read import audit, projections_app
 from interface.cli_sandboxes import sandboxes_app
 from interface.cli_tools import tools_app
 from interface.demo import demo_app
-from interface.problems import exit_code_for, problem_for
 from interface.serve import serve
+from interface.terminal import err, fail, out, refusals
 
 T = TypeVar("T")
 
@@ -56,9 +54,6 @@ app.command("audit")(audit)
 app.command("serve")(serve)
 app.command("worker")(cli_work.worker)
 app.command("check")(cli_work.check)
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @dataclass
@@ -88,25 +83,6 @@ class Context:
     def close(self) -> None:
         if self._runtime is not None:
             self._runtime.close()
-
-
-def fail(code: int, message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code)
-
-
-@contextmanager
-def refusals() -> Iterator[None]:
-    """Turn known errors into a message and the exit code of their problem."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except Exception as exc:
-        problem = problem_for(exc)
-        if problem is None:
-            raise
-        fail(exit_code_for(problem.status), f"{problem.detail} [{problem.code}]")
 
 
 def ctx_of(ctx: typer.Context) -> Context:

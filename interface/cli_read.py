@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from types import FrameType
+from collections.abc import Callable
 from typing import Annotated, Any, Protocol, TypeVar
 from uuid import UUID
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -36,7 +31,7 @@ from rich.text import Text
 
 from application.runtime import Runtime
 from application.settings import Settings
-from interface.problems import exit_code_for, problem_for
+from interface.terminal import err, fail, out, refusals, stop_on_signals
 from projections import ProjectionSupervisor, ReadModels, read_models
 from projections import audit as audits
 from projections.rebuild import rebuild, verify
@@ -48,9 +43,6 @@ projections_app = typer.Typer(
     help="Read models: run them, see their status, rebuild and verify them.",
     no_args_is_help=True,
 )
-
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class _Root(Protocol):
@@ -66,27 +58,8 @@ def _root(ctx: typer.Context) -> _Root:
     return obj
 
 
-def _fail(code: int, message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {escape(message)}")
-    return typer.Exit(code)
-
-
-@contextmanager
-def _refusals() -> Iterator[None]:
-    """Known errors become a message and the exit code of their problem."""
-    try:
-        yield
-    except typer.Exit:
-        raise
-    except Exception as exc:
-        problem = problem_for(exc)
-        if problem is None:
-            raise
-        raise _fail(exit_code_for(problem.status), f"{problem.detail} [{problem.code}]") from None
-
-
 def _with_read_models(ctx: typer.Context, action: Callable[[Runtime, ReadModels], T]) -> T:
-    with _refusals():
+    with refusals():
         rt = _root(ctx).runtime()
         models = ReadModels(rt.db, rt.settings, sessions=rt.sessions)
         try:
@@ -126,14 +99,8 @@ def projections_run(
     metrics = MetricsServer(parts)
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    with _refusals():
+    stop = stop_on_signals()
+    with refusals():
         rt = _root(ctx).runtime()
         supervisor = ProjectionSupervisor(
             rt.settings,
@@ -193,7 +160,7 @@ def projections_rebuild(
     wait: Annotated[float, typer.Option(min=0, help="Wait this long for runners (s).")] = 0.0,
 ) -> None:
     """Rebuild read models from position 0, holding their runner locks."""
-    with _refusals():
+    with refusals():
         models = read_models(name)
     bar = _ProgressBar()
 
@@ -282,7 +249,7 @@ def audit(
 ) -> None:
     """Show a session's stored events (or the whole log) as stored; --verify proves it whole."""
     if whole_log == (session_id is not None):
-        raise _fail(2, "give either a SESSION_ID or --log")
+        fail(2, "give either a SESSION_ID or --log")
     if whole_log:
         records = _with_read_models(ctx, lambda rt, m: audits.log_page(m.events, after, limit))
         _print_records(records, as_json, whole_log=True)
@@ -292,13 +259,13 @@ def audit(
     try:
         sid = UUID(str(session_id))
     except ValueError:
-        raise _fail(4, f"session id {session_id!r} is not a valid id; no such session") from None
+        fail(4, f"session id {session_id!r} is not a valid id; no such session")
     if verify_stream:
         _verify(ctx, sid)
         return
     records = _with_read_models(ctx, lambda rt, m: audits.stream(m.events, sid))
     if not records:
-        raise _fail(4, f"session {sid} has no stored events [session_not_found]")
+        fail(4, f"session {sid} has no stored events [session_not_found]")
     _print_records(records, as_json, whole_log=False)
 
 

@@ -26,7 +26,8 @@ def sandboxes_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Each session's sandbox: path, size, the session's state and its live tool processes."""
-    from interface.cli import out, run
+    from interface.cli import run
+    from interface.terminal import out
 
     found: list[Sandbox] = run(ctx, lambda rt: _sandboxes(rt).scan())
     if as_json:
@@ -57,7 +58,8 @@ def sandboxes_gc(
     Processes of a call whose outcome is unknown (an interrupted turn) are kept
     until the turn is abandoned or the call resolved.
     """
-    from interface.cli import out, run
+    from interface.cli import run
+    from interface.terminal import out
 
     actions: list[Action] = run(ctx, lambda rt: _sandboxes(rt).gc(dry_run=dry_run))
     if as_json:

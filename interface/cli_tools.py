@@ -19,7 +19,8 @@ def tools_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Name, effect class, description and parameters of every tool (a bad tools file fails)."""
-    from interface.cli import out, run
+    from interface.cli import run
+    from interface.terminal import out
 
     specs: list[ToolSpec] = run(ctx, lambda rt: rt.executor.tools.specs())
     if as_json:

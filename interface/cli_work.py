@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +12,7 @@ from rich.table import Table
 from application.worker import check_open_turns
 from interface.metrics import MetricsServer
 from interface.roles import OpenTurnsSource, Parts, Role
+from interface.terminal import stop_on_signals
 
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("turnlog.worker")
@@ -45,13 +43,7 @@ def worker(
     parts.observer = metrics.execution
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()
     parts.start()  # logs "worker … started: <start-up check>"
     assert parts.worker is not None
     stop.wait()

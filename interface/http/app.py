@@ -30,7 +30,7 @@ from application.runtime import Runtime
 from application.settings import Settings
 from interface import console
 from interface.http import errors
-from interface.http.deps import known_query_only, require_token
+from interface.http.deps import database_fails_fast, known_query_only, require_token
 from interface.http.errors import PROBLEM_MEDIA_TYPE
 from interface.http.metrics import Metrics
 from interface.http.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
@@ -81,7 +81,7 @@ def create_app(
     app.include_router(ops.router)
     if role.serves_api:
         # Security is declared (and documented) only when a token is configured.
-        guards = [Depends(known_query_only)]
+        guards = [Depends(database_fails_fast), Depends(known_query_only)]
         if settings.api_token is not None:
             guards.insert(0, Depends(require_token))
         for module in (sessions, turns, events, listings):

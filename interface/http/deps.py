@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from application.errors import DatabaseUnavailable
 from application.history import History
+from application.pool import fail_fast
 from application.runtime import Runtime
 from application.sessions import Sessions
 from interface.http.state import AppState
@@ -83,6 +84,15 @@ async def require_token(
     # Constant time: the comparison must not tell how much of a guess was right.
     if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+async def database_fails_fast() -> None:
+    """A request is answered 503 at once when PostgreSQL is down, not after the pool's patience.
+
+    Async, so that it runs in the request's own task: the setting holds for
+    the rest of the request, threads it starts included (see application/pool.py).
+    """
+    fail_fast()
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}
