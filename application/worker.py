@@ -155,6 +155,7 @@ class Worker:
         self._stop = threading.Event()
         self._held: dict[str, Future[None]] = {}
         self._offers: set[str] = set()
+        self._recheck: set[str] = set()  # offered while held: try again on release
         # Sessions whose turn failed unexpectedly here → (failures, not before).
         self._benched: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
@@ -278,7 +279,12 @@ class Worker:
                 self._offers.add(key)  # keep it for when a slot frees
             return
         with self._lock:
-            if key in self._held or time.monotonic() < self._benched.get(key, (0, 0.0))[1]:
+            if key in self._held:
+                # Ours already, but the turn we run may be finishing: look again
+                # when we let go, or a turn submitted just now waits for the poll.
+                self._recheck.add(key)
+                return
+            if time.monotonic() < self._benched.get(key, (0, 0.0))[1]:
                 return
         session_id = UUID(key)
         lease = Lease.try_acquire(self.runtime.db, self.runtime.settings.namespace, session_id)
@@ -335,6 +341,9 @@ class Worker:
         def release(_: Future[None]) -> None:
             with self._lock:
                 self._held.pop(key, None)
+                if key in self._recheck:
+                    self._recheck.discard(key)
+                    self._offers.add(key)
             self._wake.set()  # a slot is free
 
         return release
