@@ -124,7 +124,9 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
     """The eventsourcing library's configuration for this namespace."""
     p = db.params
     return {
-        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        # The library's PostgreSQL persistence, with a pool that can fail fast
+        # for HTTP requests when the server is down (see application/pool.py).
+        "PERSISTENCE_MODULE": "application.pool:TurnlogFactory",
         "POSTGRES_DBNAME": str(p.get("dbname") or p.get("user") or "postgres"),
         "POSTGRES_HOST": str(p.get("host") or "localhost"),
         "POSTGRES_PORT": str(p.get("port") or 5432),
@@ -140,6 +142,9 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         # Lock, notify and insert in one round trip (see application/recorder.py).
         "APPLICATION_RECORDER_TOPIC": "application.recorder:TurnlogRecorder",
         "POSTGRES_CONNECT_TIMEOUT": "10",
+        # Check a pooled connection before lending it (one empty query): after a
+        # server restart or a killed backend, no request gets a dead connection.
+        "POSTGRES_PRE_PING": "y",
         # DB functions stay off: in 9.5.6 they drop the table lock (subscribers
         # can skip events) and confuse tables of two applications in one schema.
         "POSTGRES_ENABLE_DB_FUNCTIONS": "n",

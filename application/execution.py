@@ -32,6 +32,7 @@ from domain.progress import Action, next_step
 from domain.request import next_request
 from domain.session import Session
 from domain.turns import Effect, ToolProcess, Turn, TurnState
+from domain.values import check_storable, storable_text
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.execution")
@@ -215,7 +216,9 @@ class Executor:
         return self._write(
             session,
             claim,
-            lambda s: s.record_tool_failed(turn_id, claim, call_id, attempt, str(value)),
+            lambda s: s.record_tool_failed(
+                turn_id, claim, call_id, attempt, storable_text(str(value))
+            ),
         )
 
     def _context(
@@ -247,8 +250,12 @@ class Executor:
     ) -> tuple[str, Any]:
         try:
             result = tool.run(arguments, context)
-            # Results are stored as JSON: anything else is rendered as text.
-            return "succeeded", json.loads(json.dumps(result, default=str))
+            # Results are stored as JSON: anything else is rendered as text. A
+            # result the record cannot hold (a lone surrogate, nesting too deep)
+            # fails the call instead of failing every save of it, forever.
+            value = json.loads(json.dumps(result, default=str))
+            check_storable(value, "the tool's result")
+            return "succeeded", value
         except ToolError as exc:
             return "failed", str(exc)
         except LeaseLost:

@@ -32,6 +32,7 @@ from domain.turns import (
     TurnState,
     require_text,
 )
+from domain.values import check_storable, storable_text
 
 RESOLVE_OUTCOMES = ("succeeded", "failed")
 
@@ -101,6 +102,8 @@ class Session(Aggregate):
         session_id: UUID | None = None,
     ) -> Session:
         """Start a new session."""
+        fields = (title, system_prompt, provider, model, list(tools), metadata, created_by)
+        check_storable(fields, "the session's settings")
         return cls._create(
             cls.SessionStarted,
             id=session_id or uuid4(),
@@ -203,6 +206,7 @@ class Session(Aggregate):
                 )
             return turn, False
         check_message(message)
+        check_storable((message, idempotency_key), "the message")
         self._require_open()
         self._require_no_open_turn()
         self.trigger_event(
@@ -235,6 +239,7 @@ class Session(Aggregate):
         turn = self._claimed(turn_id, claim)
         if any(not c.settled for c in self.calls_of(turn)):
             raise errors.InvalidTransition("the previous step still has unsettled tool calls")
+        check_storable((text, list(tool_calls), usage), "the model's reply")
         seen: set[str] = set()
         for call in tool_calls:
             call_id = str(call.get("call_id", ""))
@@ -318,6 +323,7 @@ class Session(Aggregate):
     ) -> None:
         """Record the result a tool returned."""
         self._running_attempt(turn_id, claim, call_id, attempt)
+        check_storable(result, "the tool's result")
         self.trigger_event(
             self.ToolCallSucceeded, turn_id=turn_id, call_id=call_id, attempt=attempt, result=result
         )
@@ -327,6 +333,7 @@ class Session(Aggregate):
     ) -> None:
         """Record the error a tool raised."""
         self._running_attempt(turn_id, claim, call_id, attempt)
+        check_storable(error, "the tool's error")
         self.trigger_event(
             self.ToolCallFailed, turn_id=turn_id, call_id=call_id, attempt=attempt, error=error
         )
@@ -345,7 +352,8 @@ class Session(Aggregate):
             raise errors.InvalidTransition(
                 "a turn with a side-effecting call in flight cannot be marked failed"
             )
-        self.trigger_event(self.TurnFailed, turn_id=turn_id, error=error)
+        # The reason may quote a provider's or a tool's text: keep it storable.
+        self.trigger_event(self.TurnFailed, turn_id=turn_id, error=storable_text(error))
 
     def interrupt_turn(self, turn_id: str, previous_worker: str) -> list[str]:
         """Record that the owner died inside unsafe tool calls: their outcome is unknown."""
@@ -371,6 +379,7 @@ class Session(Aggregate):
             raise errors.InvalidOperatorAction("outcome must be 'succeeded' or 'failed'")
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         note = require_text(note, "note", errors.InvalidOperatorAction)
+        check_storable((result, note, actor), "the resolution")
         if call.state is not CallState.UNKNOWN:
             raise errors.InvalidTransition(
                 f"tool call {call_id} is {call.state}; only an unknown call can be resolved"
@@ -391,6 +400,7 @@ class Session(Aggregate):
         turn = self.turn(turn_id)
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         reason = require_text(reason, "reason", errors.InvalidOperatorAction)
+        check_storable((reason, actor), "the reason")
         if turn.state is not TurnState.INTERRUPTED:
             raise errors.InvalidTransition(
                 f"turn {turn_id} is {turn.state}; only an interrupted turn can be abandoned"
@@ -406,6 +416,7 @@ class Session(Aggregate):
         self._require_open()
         self._require_no_open_turn()
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        check_storable((reason, actor), "the reason")
         self.trigger_event(self.SessionClosed, reason=reason, actor=actor)
 
     # ------------------------------------------------------------------ checks

@@ -10,6 +10,9 @@ every 2 to 4 s and restarts it, then checks the record:
 - no side-effecting call ran twice (each call writes a unique marker line);
 - every interrupted turn's unknown call is side-effecting and was in flight;
 - recovery latency: kill → the next claim or interruption of a turn it held.
+
+The turn mix and the checks of the record are shared with the kill campaign
+(tests/fault/campaign.py and record.py, ``make chaos``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -36,20 +38,11 @@ from psycopg import sql  # noqa: E402
 
 from application.database import locate  # noqa: E402
 from application.settings import Settings  # noqa: E402
-from tests.fault.cluster import Cluster, Process, worker_pid  # noqa: E402
+from tests.fault.campaign import message_for  # noqa: E402
+from tests.fault.cluster import Cluster, Process  # noqa: E402
+from tests.fault.record import Kill, Record, check, final_state, takeover_latencies  # noqa: E402
 
 FINISHED = {"completed", "failed", "interrupted", "abandoned"}
-
-
-def message_for(i: int) -> tuple[str, str]:
-    kind = ("plain", "read_only", "side_effecting")[i % 3]
-    if kind == "plain":
-        return kind, f"hello {i}"
-    if kind == "read_only":
-        return kind, '/tool sleep {"seconds": 0.4}'
-    marker = f"turn-{i}-{uuid.uuid4().hex[:8]}"
-    body = {"path": "effects.txt", "text": marker, "delay_seconds": 0.6}
-    return kind, f"/tool append_file {json.dumps(body)}"
 
 
 class Soak:
@@ -59,7 +52,7 @@ class Soak:
         self.worker_count = workers
         self.clients = clients
         self.workers: list[Process] = []
-        self.kills: list[tuple[float, int]] = []  # (time, pid)
+        self.kills: list[Kill] = []
         self.acknowledged: list[tuple[str, str, str]] = []  # (session, turn, kind)
         self.interrupted = 0
         self.lock = threading.Lock()
@@ -76,7 +69,7 @@ class Soak:
     def client(self) -> None:
         session_id = self.c.new_session()
         while (i := self.next_index()) is not None:
-            kind, message = message_for(i)
+            kind, message, _ = message_for(i)
             response = self.c.submit(session_id, message)
             if response.status_code != 202:
                 raise AssertionError(f"submit refused: {response.status_code} {response.text}")
@@ -107,7 +100,7 @@ class Soak:
         while not self.done.wait(rng.uniform(2.0, 4.0)):
             index = rng.randrange(len(self.workers))
             victim = self.workers[index]
-            self.kills.append((time.time(), victim.pid))
+            self.kills.append(Kill(time.time(), "worker", victim.pid))
             victim.kill()
             self.workers[index] = self.c.worker(f"w{index}-{len(self.kills)}")
 
@@ -127,106 +120,33 @@ class Soak:
         return self.check(elapsed)
 
     def check(self, elapsed: float) -> dict[str, Any]:
-        rows = self.events()
-        by_turn: dict[str, list[tuple[str, datetime, dict[str, Any]]]] = {}
-        for topic, ts, payload in rows:
-            tid = payload.get("turn_id")
-            if tid:
-                by_turn.setdefault(tid, []).append((topic, ts, payload))
-        lost = [t for _, t, _ in self.acknowledged if t not in by_turn]
-        duplicates = 0
-        sandbox = self.c.settings.sandbox_root
-        for path in sandbox.glob("*/effects.txt"):
-            counts = Counter(path.read_text().splitlines())
-            duplicates += sum(n - 1 for n in counts.values() if n > 1)
-        bad_interruptions = 0
-        for events in by_turn.values():
-            for topic, _, payload in events:
-                if topic == "TurnInterrupted":
-                    started = {p["call_id"]: p for t, _, p in events if t == "ToolCallStarted"}
-                    results = {
-                        p["call_id"]
-                        for t, _, p in events
-                        if t in ("ToolCallSucceeded", "ToolCallFailed")
-                    }
-                    for call_id in payload["call_ids"]:
-                        call = started.get(call_id)
-                        if call is None or call["effect"] != "side_effecting" or call_id in results:
-                            bad_interruptions += 1
-        latencies = self.recovery_latencies(by_turn)
-        states = Counter(self.final_state(events) for events in by_turn.values())
+        """The record's invariants (tests/fault/record.py, shared with the kill campaign)."""
+        record = Record(self.c.settings, self.c.database).refresh()
+        try:
+            findings = check(record, [t for _, t, _ in self.acknowledged])
+            by_turn = record.by_turn()
+            latencies = takeover_latencies(record, self.kills)
+        finally:
+            record.close()
+        states = Counter(final_state(events) for events in by_turn.values())
         return {
             "turns acknowledged": len(self.acknowledged),
             "turns completed": states.get("completed", 0),
             "turns failed": states.get("failed", 0),
             "turns interrupted": self.interrupted,
-            "interruptions not justified by an unsafe call in flight": bad_interruptions,
+            "interruptions not justified by an unsafe call in flight": len(
+                findings.unjustified_interruptions
+            ),
             "turns re-claimed after a kill": sum(
-                1 for ev in by_turn.values() if sum(t == "TurnClaimed" for t, _, _ in ev) > 1
+                1 for ev in by_turn.values() if sum(e.topic == "TurnClaimed" for e in ev) > 1
             ),
             "kills": len(self.kills),
-            "lost": len(lost),
-            "duplicate side effects": duplicates,
+            "lost": len(findings.lost),
+            "duplicate side effects": len(findings.duplicate_effects),
             "recovery latency p50 (s)": round(median(latencies), 3) if latencies else None,
             "recovery latency max (s)": round(max(latencies), 3) if latencies else None,
             "elapsed (s)": round(elapsed, 1),
         }
-
-    @staticmethod
-    def final_state(events: list[tuple[str, datetime, dict[str, Any]]]) -> str:
-        final = {
-            "TurnCompleted": "completed",
-            "TurnFailed": "failed",
-            "TurnAbandoned": "abandoned",
-            "TurnInterrupted": "interrupted",
-        }
-        state = "open"
-        for topic, _, _ in events:
-            state = final.get(topic, state)
-        return state
-
-    def recovery_latencies(self, by_turn: dict[str, list[Any]]) -> list[float]:
-        """For each kill: seconds until each turn its worker held was claimed or interrupted."""
-        latencies = []
-        for kill_time, pid in self.kills:
-            for events in by_turn.values():
-                holder_pid = None
-                for topic, ts, payload in events:
-                    t = ts.timestamp()
-                    if t > kill_time:
-                        if holder_pid == pid and topic in ("TurnClaimed", "TurnInterrupted"):
-                            latencies.append(t - kill_time)
-                        break
-                    if topic == "TurnClaimed":
-                        holder_pid = worker_pid(payload["worker_id"])
-                    elif topic in ("TurnCompleted", "TurnFailed", "TurnInterrupted"):
-                        holder_pid = None
-        return latencies
-
-    def events(self) -> list[tuple[str, datetime, dict[str, Any]]]:
-        from interface.bootstrap import open_sessions
-
-        settings = self.c.settings
-        app = open_sessions(settings, locate(settings))
-        try:
-            query = sql.SQL(
-                "SELECT originator_id, originator_version, topic, state FROM {}.sessions_events"
-                " ORDER BY notification_id"
-            ).format(sql.Identifier(settings.schema_name))
-            with psycopg.connect(self.c.database.conninfo) as conn:
-                rows = conn.execute(query).fetchall()
-            out = []
-            from eventsourcing.persistence import StoredEvent
-
-            for oid, version, topic, state in rows:
-                event: Any = app.mapper.to_domain_event(
-                    StoredEvent(oid, version, topic, bytes(state))
-                )
-                payload = {k: v for k, v in vars(event).items() if not k.startswith("_")}
-                out.append((topic.split(".")[2], event.timestamp, payload))
-            return out
-        finally:
-            app.close()
 
 
 def main() -> None:

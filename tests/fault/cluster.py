@@ -94,9 +94,9 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def api(self, role: str = "api") -> Process:
-        port = free_port()
-        process = self.start(f"api-{port}", "serve", "--port", str(port), "--role", role)
+    def api(self, role: str = "api", port: int = 0, **env: str) -> Process:
+        port = port or free_port()
+        process = self.start(f"api-{port}", "serve", "--port", str(port), "--role", role, **env)
         self.api_url = f"http://127.0.0.1:{port}"
         poll(lambda: self._ready(process), 60, f"{process.name} ready")
         return process
@@ -109,11 +109,11 @@ class Cluster:
         except httpx.HTTPError:
             return False
 
-    def projections(self) -> Process:
-        return self.start("projections", "projections", "run")
+    def projections(self, **env: str) -> Process:
+        return self.start("projections", "projections", "run", **env)
 
-    def worker(self, name: str = "worker", *args: str) -> Process:
-        process = self.start(name, "worker", *args)
+    def worker(self, name: str = "worker", *args: str, **env: str) -> Process:
+        process = self.start(name, "worker", *args, **env)
         poll(lambda: self.worker_registered(process), 60, f"{name} registered")
         return process
 

@@ -1,0 +1,391 @@
+"""The kill campaign: clients submit turns while random processes are SIGKILLed.
+
+An API, a projection runner and workers run as separate processes
+(``cluster.Cluster``). Client threads submit a mix of turns — plain, a
+``read_only`` tool, a ``side_effecting`` tool with a delay — each to its own
+session, with an ``Idempotency-Key`` per turn, retrying through the API's
+deaths, so an acknowledged turn is never submitted twice. A killer picks a
+process at random (API, projections or a worker), SIGKILLs it at a random
+moment, starts a replacement, and checks the round: the role serves again,
+every turn the dead worker held was resumed (nothing unsafe in flight) or
+interrupted (its side-effecting call's outcome unknown), and the invariants
+of ``record.check`` hold. An interrupted turn is settled as an operator would:
+the client looks for the call's marker line and resolves the call with what
+it found, or abandons the turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import psycopg
+
+from projections.catalog import read_models
+from projections.status import lock_holder
+from tests.conftest import turnlog
+from tests.fault.cluster import Cluster, Process, poll
+from tests.fault.record import (
+    EFFECTS_FILE,
+    Kill,
+    Record,
+    check,
+    final_state,
+    held_at,
+    marker_written,
+    percentile,
+    recovered,
+    takeover_latencies,
+)
+
+FINISHED = {"completed", "failed", "interrupted", "abandoned"}
+RETRYABLE = {502, 503, 504}
+
+
+def message_for(i: int) -> tuple[str, str, str]:
+    """(kind, message, marker) of the i-th turn: plain, read_only or side_effecting."""
+    kind = ("plain", "read_only", "side_effecting")[i % 3]
+    if kind == "plain":
+        return kind, f"hello {i}", ""
+    if kind == "read_only":
+        return kind, '/tool sleep {"seconds": 0.4}', ""
+    marker = f"turn-{i}-{uuid.uuid4().hex[:8]}"
+    body = {"path": EFFECTS_FILE, "text": marker, "delay_seconds": 0.6}
+    return kind, f"/tool append_file {json.dumps(body)}", marker
+
+
+class Client:
+    """HTTP calls that ride out the API's deaths: retried until a deadline."""
+
+    def __init__(self, url: str, deadline: float = 90.0) -> None:
+        self.url = url
+        self.deadline = deadline
+        self.retries = 0
+
+    def call(self, method: str, path: str, ok: set[int], **kwargs: Any) -> httpx.Response:
+        end = time.monotonic() + self.deadline
+        while True:
+            try:
+                response = httpx.request(method, self.url + path, timeout=15, **kwargs)
+                if response.status_code in ok:
+                    return response
+                if response.status_code not in RETRYABLE:
+                    raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
+            except httpx.TransportError:
+                pass  # the API died under us, or is restarting: the same request again
+            if time.monotonic() > end:
+                raise AssertionError(f"{method} {path}: no answer within {self.deadline}s")
+            self.retries += 1
+            time.sleep(0.1)
+
+
+@dataclass
+class Workload:
+    """Client threads, each with its own session, submitting until told to stop."""
+
+    c: Cluster
+    clients: int = 6
+    acknowledged: dict[str, str] = field(default_factory=dict)  # turn id → kind
+    markers: dict[str, str] = field(default_factory=dict)  # marker → turn id
+    operator: dict[str, int] = field(default_factory=lambda: {"resolved": 0, "abandoned": 0})
+    retries: int = 0  # requests repeated because the API was down or restarting
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _counter: int = 0
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for n in range(self.clients):
+            thread = threading.Thread(target=self._guarded, args=(n,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def finish(self, timeout: float = 120) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _guarded(self, n: int) -> None:
+        http = Client(self.c.api_url)
+        try:
+            self._client(n, http)
+        except Exception as exc:  # reported, and fails the run
+            self.errors.append(f"client {n}: {exc}")
+        finally:
+            with self.lock:
+                self.retries += http.retries
+
+    def _next(self) -> int:
+        with self.lock:
+            self._counter += 1
+            return self._counter
+
+    def _client(self, n: int, http: Client) -> None:
+        key = f"client-{n}-{uuid.uuid4().hex[:6]}"
+        created = http.call(
+            "POST", "/v1/sessions", {201}, json={"title": key}, headers={"Idempotency-Key": key}
+        )
+        session_id = created.json()["session_id"]
+        while not self.stop.is_set():
+            i = self._next()
+            kind, message, marker = message_for(i)
+            submitted = http.call(
+                "POST",
+                f"/v1/sessions/{session_id}/turns",
+                {200, 202},
+                json={"message": message},
+                headers={"Idempotency-Key": f"{key}-turn-{i}"},
+            )
+            turn_id = submitted.json()["turn_id"]
+            with self.lock:
+                self.acknowledged[turn_id] = kind
+                if marker:
+                    self.markers[marker] = turn_id
+            self._see_through(http, session_id, turn_id, marker, i)
+
+    def _see_through(
+        self, http: Client, session_id: str, turn_id: str, marker: str, i: int
+    ) -> None:
+        """Wait for the turn to finish; settle it as an operator would if interrupted."""
+        path = f"/v1/sessions/{session_id}/turns/{turn_id}"
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            turn = http.call("GET", path, {200}).json()
+            if turn["state"] == "interrupted":
+                self._settle(http, session_id, turn, marker, i)
+            elif turn["state"] in FINISHED:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"turn {turn_id} did not finish within 120 s")
+
+    def _settle(
+        self, http: Client, session_id: str, turn: dict[str, Any], marker: str, i: int
+    ) -> None:
+        if i % 2:
+            http.call(
+                "POST",
+                f"/v1/sessions/{session_id}/turns/{turn['turn_id']}/abandon",
+                {200, 409},  # 409: our earlier attempt did it before the API died
+                json={"reason": "chaos: outcome unknown", "actor": "chaos"},
+            )
+            with self.lock:
+                self.operator["abandoned"] += 1
+            return
+        written = marker_written(self.c.settings.sandbox_root, session_id, marker)
+        for call_id in turn["unknown_call_ids"]:
+            http.call(
+                "POST",
+                f"/v1/sessions/{session_id}/tool-calls/{call_id}/resolve",
+                {200, 409},
+                json={
+                    "outcome": "succeeded" if written else "failed",
+                    "result": {"marker_found": written},
+                    "note": "checked the sandbox file",
+                    "actor": "chaos",
+                },
+            )
+        with self.lock:
+            self.operator["resolved"] += 1
+
+
+@dataclass
+class Round:
+    kill: Kill
+    outcome: dict[str, str]  # held turn → resumed | interrupted
+    problems: list[str]
+
+
+class Campaign:
+    """Kills processes of a running cluster, one round at a time, and checks each round."""
+
+    def __init__(
+        self,
+        c: Cluster,
+        workers: int = 2,
+        seed: int = 8,
+        pause: tuple[float, float] = (0.3, 2.0),
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.c = c
+        self.say = say
+        self.rng = random.Random(seed)
+        self.pause = pause
+        self.port = 0
+        self.procs: dict[str, Process] = {}
+        self.worker_names = [f"worker{i}" for i in range(workers)]
+        self.kills: list[Kill] = []
+        self.rounds: list[Round] = []
+        self.record = Record(c.settings, c.database)
+        self.workload = Workload(c)
+
+    # ------------------------------------------------------------ processes
+
+    def start(self) -> None:
+        self.procs["api"] = self.c.api("api")
+        self.port = int(self.c.api_url.rsplit(":", 1)[1])
+        self.procs["projections"] = self.c.projections()
+        for name in self.worker_names:
+            self.procs[name] = self.c.worker(name, "--concurrency", "4")
+        self.workload.start()
+
+    def _restart(self, name: str) -> Process:
+        if name == "api":
+            return self.c.start(f"api-{len(self.kills)}", *self._api_args())
+        if name == "projections":
+            return self.c.projections()
+        return self.c.start(f"{name}-{len(self.kills)}", "worker", "--concurrency", "4")
+
+    def _api_args(self) -> list[str]:
+        return ["serve", "--port", str(self.port), "--role", "api"]
+
+    def _restored(self, name: str, process: Process) -> bool:
+        if process.proc.poll() is not None:
+            raise AssertionError(f"{process.name} exited:\n{process.output()[-3000:]}")
+        if name == "api":
+            try:
+                return httpx.get(f"{self.c.api_url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+        if name == "projections":
+            return self._runs_projections(process.pid)
+        return self.c.worker_registered(process)
+
+    def _runs_projections(self, pid: int) -> bool:
+        ns = self.c.settings.namespace
+        with psycopg.connect(self.c.database.conninfo, autocommit=True) as conn:
+            holders = [lock_holder(conn, ns, m.name) for m in read_models()]
+        return all(h is not None and h.endswith(f":{pid}") for h in holders)
+
+    # --------------------------------------------------------------- rounds
+
+    def run(self, kills: int) -> None:
+        for _ in range(kills):
+            time.sleep(self.rng.uniform(*self.pause))
+            self.round()
+            if self.workload.errors:
+                raise AssertionError("; ".join(self.workload.errors))
+
+    def round(self) -> None:
+        name = self.rng.choice(["api", "projections", *self.worker_names])
+        role = "worker" if name.startswith("worker") else name
+        victim = self.procs[name]
+        kill = Kill(time.time(), role, victim.pid)
+        victim.kill()
+        self.kills.append(kill)
+        replacement = self._restart(name)
+        self.procs[name] = replacement
+        poll(lambda: self._restored(name, replacement), 60, f"{name} restored")
+        kill.restored_after = time.time() - kill.at
+        checked = self._check_round(kill)
+        self.rounds.append(checked)
+        self.say(
+            f"kill {len(self.kills)}: {name} pid {kill.pid}, restored in"
+            f" {kill.restored_after:.1f}s, checked after {time.time() - kill.at:.1f}s;"
+            f" held turns: {sorted(checked.outcome.values()) or 'none'}"
+            + (f"; PROBLEMS: {checked.problems}" if checked.problems else "")
+        )
+
+    def _check_round(self, kill: Kill) -> Round:
+        held = held_at(self.record.refresh(), kill.pid, kill.at) if kill.role == "worker" else {}
+
+        def settled() -> dict[str, str] | None:
+            outcome = recovered(self.record.refresh(), held, kill.at)
+            return outcome if all(outcome.values()) else None
+
+        try:
+            outcome = poll(settled, 60, "recovery of the dead worker's turns") if held else {}
+        except AssertionError as exc:
+            outcome = recovered(self.record, held, kill.at)
+            return Round(kill, outcome, [str(exc)])
+        problems = [f"{t}: {o}" for t, o in outcome.items() if o.startswith("WRONG")]
+        # Acknowledged before the record is read: a turn acknowledged later may be newer.
+        acknowledged = self._acknowledged()
+        findings = check(self.record.refresh(), acknowledged, self._killed_workers())
+        problems += [f"{k}: {v}" for k, v in vars(findings).items() if v]
+        return Round(kill, outcome, problems)
+
+    def _acknowledged(self) -> list[str]:
+        with self.workload.lock:
+            return list(self.workload.acknowledged)
+
+    def _killed_workers(self) -> set[int]:
+        return {k.pid for k in self.kills if k.role == "worker"}
+
+    # --------------------------------------------------------------- the end
+
+    def finish(self) -> dict[str, Any]:
+        """Stop the clients, let every turn settle, check the whole record; the figures."""
+        self.workload.finish()
+        if self.workload.errors:
+            raise AssertionError("; ".join(self.workload.errors))
+        with self.workload.lock:
+            markers = dict(self.workload.markers)
+        acknowledged = self._acknowledged()
+        findings = check(self.record.refresh(), acknowledged, self._killed_workers(), markers)
+        return self.figures(findings)
+
+    def figures(self, findings: Any) -> dict[str, Any]:
+        turns = self.record.by_turn()
+        states = [final_state(turns.get(t, [])) for t in self._acknowledged()]
+        outcomes = [o for r in self.rounds for o in r.outcome.values()]
+        takeover = takeover_latencies(self.record, self.kills)
+        restore = {
+            role: [k.restored_after for k in self.kills if k.role == role and k.restored_after]
+            for role in ("api", "projections", "worker")
+        }
+        return {
+            "kills": len(self.kills),
+            "kills by role": {r: sum(k.role == r for k in self.kills) for r in restore},
+            "turns acknowledged": len(states),
+            "turns completed": states.count("completed"),
+            "turns abandoned (by the operator, after an interruption)": states.count("abandoned"),
+            "turns not finished": len(states)
+            - states.count("completed")
+            - states.count("abandoned"),
+            "turns resumed after their worker died": outcomes.count("resumed"),
+            "turns interrupted (side-effecting call in flight)": outcomes.count("interrupted"),
+            "calls resolved by the operator": self.workload.operator["resolved"],
+            "client requests retried (API down or restarting)": self.workload.retries,
+            "lost": len(findings.lost),
+            "duplicates": len(findings.duplicate_effects),
+            "invariant violations": sum(findings.counts().values())
+            + sum(len(r.problems) for r in self.rounds),
+            "round problems": [p for r in self.rounds for p in r.problems][:20],
+            "findings": findings.counts(),
+            "worker takeover latency p50 (s)": percentile(takeover, 0.5),
+            "worker takeover latency max (s)": max(takeover, default=None),
+            **{
+                f"{role} restored p50 / max (s)": (percentile(v, 0.5), percentile(v, 1.0))
+                for role, v in restore.items()
+            },
+        }
+
+    def verify_with_cli(self) -> list[str]:
+        """``turnlog audit ID --verify`` for every session, then ``turnlog projections verify``."""
+        head = self.record.refresh().position
+        poll(lambda: self._caught_up(head), 60, "the read models catching up")
+        failures = []
+        for session_id in self.record.session_ids():
+            done = turnlog(self.c.settings, "audit", session_id, "--verify")
+            if done.returncode != 0:
+                failures.append(f"audit {session_id} --verify: {done.stdout[-2000:]}")
+        done = turnlog(self.c.settings, "projections", "verify")
+        if done.returncode != 0:
+            failures.append(f"projections verify: {done.stdout[-2000:]}")
+        return failures
+
+    def _caught_up(self, head: int) -> bool:
+        response = httpx.get(f"{self.c.api_url}/v1/projections", timeout=10)
+        return all(item["position"] >= head for item in response.json()["items"])
+
+    def close(self) -> None:
+        self.workload.stop.set()
+        self.record.close()

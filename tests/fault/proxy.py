@@ -1,0 +1,84 @@
+"""A TCP proxy in front of the test's PostgreSQL that a test can take down and bring back.
+
+Taking it down closes the listening socket and every connection through it,
+which is what a client sees of a server that stops: without restarting the
+server every other test shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from typing import Any
+
+from tests.fault.cluster import free_port
+
+
+class Proxy:
+    """Forwards 127.0.0.1:``port`` to the server in ``params`` (TCP or a unix socket)."""
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        host = str(params.get("host") or "localhost")
+        port = int(params.get("port") or 5432)
+        if host.startswith("/"):
+            self._target: Any = f"{host}/.s.PGSQL.{port}"
+            self._family = socket.AF_UNIX
+        else:
+            self._target, self._family = (host, port), socket.AF_INET
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._sockets: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        """Refuse new connections and cut every open one."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, set()
+        for s in [listener, *sockets]:
+            if s is not None:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # taken down
+            try:
+                server = socket.socket(self._family)
+                server.connect(self._target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    server.close()
+                    return
+                self._sockets |= {client, server}
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
