@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -179,6 +180,23 @@ class Cluster:
     def terminate_backend(self, pid: int) -> None:
         with psycopg.connect(self.database.conninfo, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+@contextmanager
+def shared_namespace(database: Database, data_dir: Path) -> Iterator[Settings]:
+    """Settings of a fresh namespace for a module's tests to share; dropped afterwards."""
+    from tests.conftest import drop_namespace
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    try:
+        yield Settings(
+            database_url=database.conninfo,
+            namespace=name,
+            data_dir=data_dir,
+            snapshot_interval=50,
+        )
+    finally:
+        drop_namespace(database, name)
 
 
 @contextmanager

@@ -17,9 +17,8 @@ import httpx
 import pytest
 
 from application.database import Database
-from application.settings import Settings
 from tests.conftest import raw_events
-from tests.fault.cluster import Cluster, cluster, poll
+from tests.fault.cluster import Cluster, cluster, poll, shared_namespace
 from tests.fault.record import Record, check
 
 pytestmark = pytest.mark.fault
@@ -27,10 +26,18 @@ pytestmark = pytest.mark.fault
 RACERS = 6
 
 
-@pytest.fixture
-def two_apis(settings: Settings, database: Database) -> Iterator[tuple[Cluster, list[str]]]:
-    """Two API processes and a projection runner; no worker, so turns stay where we put them."""
-    with cluster(settings, database) as c:
+@pytest.fixture(scope="module")
+def two_apis(
+    database: Database, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, list[str]]]:
+    """Two API processes and a projection runner; no worker, so turns stay where we put them.
+
+    Shared by the module's tests (each works on sessions of its own).
+    """
+    with (
+        shared_namespace(database, tmp_path_factory.mktemp("races")) as settings,
+        cluster(settings, database) as c,
+    ):
         urls = []
         for _ in range(2):
             c.api("api")

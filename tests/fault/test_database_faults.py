@@ -31,7 +31,7 @@ from application.settings import Settings
 from interface.http import create_app
 from tests.api.conftest import FAST, live_server
 from tests.fault.campaign import Workload
-from tests.fault.cluster import Cluster, Process, cluster, poll
+from tests.fault.cluster import Cluster, Process, cluster, poll, shared_namespace
 from tests.fault.proxy import Proxy
 from tests.fault.record import Record, check, final_state
 
@@ -55,11 +55,20 @@ def terminate(c: Cluster, pids: list[int]) -> None:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
-@pytest.fixture
-def tagged(settings: Settings, database: Database) -> Iterator[tuple[Cluster, dict[str, Process]]]:
-    """An API, a projection runner and a worker whose connections carry their role's name."""
-    tag = f"tl-{settings.namespace}"
-    with cluster(settings, database) as c:
+@pytest.fixture(scope="module")
+def tagged(
+    database: Database, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Cluster, dict[str, Process]]]:
+    """An API, a projection runner and a worker whose connections carry their role's name.
+
+    Shared by the three tests: each kills one component's connections, and the next
+    one starts from a cluster that has just survived that.
+    """
+    with (
+        shared_namespace(database, tmp_path_factory.mktemp("tagged")) as settings,
+        cluster(settings, database) as c,
+    ):
+        tag = f"tl-{settings.namespace}"
         procs = {
             "api": c.api("api", PGAPPNAME=f"{tag}-api"),
             "projections": c.projections(PGAPPNAME=f"{tag}-projections"),

@@ -23,7 +23,7 @@ def test_twenty_random_kills_lose_nothing_repeat_no_side_effect_and_leave_the_re
     settings: Settings, database: Database
 ) -> None:
     with cluster(settings, database) as c:
-        campaign = Campaign(c, pause=(0.1, 0.8), say=print)
+        campaign = Campaign(c, pause=(0.05, 0.5), say=print)
         try:
             campaign.start()
             campaign.run(KILLS)
