@@ -277,8 +277,9 @@ class Campaign:
         name = self.rng.choice(["api", "projections", *self.worker_names])
         role = "worker" if name.startswith("worker") else name
         victim = self.procs[name]
+        victim.kill()  # returns once the process is gone
+        # Taken after the death: every event the victim wrote is stamped before it.
         kill = Kill(time.time(), role, victim.pid)
-        victim.kill()
         self.kills.append(kill)
         replacement = self._restart(name)
         self.procs[name] = replacement
