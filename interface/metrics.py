@@ -223,17 +223,8 @@ def _open_turns(read_models: Any) -> Metric:
     return gauge
 
 
-def _count(read_models: Any, state: str, limit: int = 100_000) -> int:
-    counter = getattr(read_models, "count_open_turns", None)
-    if callable(counter):
-        return int(counter(state))
-    total, cursor = 0, None
-    while total < limit:
-        rows, cursor = read_models.list_open_turns(state, 500, cursor)
-        total += len(rows)
-        if not cursor:
-            break
-    return total
+def _count(read_models: Any, state: str) -> int:
+    return int(read_models.count_open_turns(state))
 
 
 def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
