@@ -21,7 +21,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy --strict domain application projections interface
+	$(BIN)/mypy --strict -p turnlog
 
 test: lint
 	$(BIN)/pytest

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from application.errors import ConfigurationError
-from application.processes import run_command
-from application.tools import (
+from turnlog.application.errors import ConfigurationError
+from turnlog.application.processes import run_command
+from turnlog.application.tools import (
     Tool,
     ToolContext,
     ToolError,
@@ -42,7 +42,7 @@ from application.tools import (
     check_arguments,
     check_parameters_schema,
 )
-from domain.turns import Effect
+from turnlog.domain.turns import Effect
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0

@@ -24,8 +24,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from application.errors import ConfigurationError, DatabaseUnavailable, InvalidNamespace
-from application.settings import Settings, check_namespace
+from turnlog.application.errors import ConfigurationError, DatabaseUnavailable, InvalidNamespace
+from turnlog.application.settings import Settings, check_namespace
 
 BOOTSTRAP_LOCK = "turnlog:bootstrap"
 
@@ -126,7 +126,7 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
     return {
         # The library's PostgreSQL persistence, with a pool that can fail fast
         # for HTTP requests when the server is down (see application/pool.py).
-        "PERSISTENCE_MODULE": "application.pool:TurnlogFactory",
+        "PERSISTENCE_MODULE": "turnlog.application.pool:TurnlogFactory",
         "POSTGRES_DBNAME": str(p.get("dbname") or p.get("user") or "postgres"),
         "POSTGRES_HOST": str(p.get("host") or "localhost"),
         "POSTGRES_PORT": str(p.get("port") or 5432),
@@ -140,7 +140,7 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         "AGGREGATE_CACHE_MAXSIZE": str(settings.session_cache_size or ""),
         "AGGREGATE_CACHE_FASTFORWARD": "y",
         # Lock, notify and insert in one round trip (see application/recorder.py).
-        "APPLICATION_RECORDER_TOPIC": "application.recorder:TurnlogRecorder",
+        "APPLICATION_RECORDER_TOPIC": "turnlog.application.recorder:TurnlogRecorder",
         "POSTGRES_CONNECT_TIMEOUT": "10",
         # Check a pooled connection before lending it (one empty query): after a
         # server restart or a killed backend, no request gets a dead connection.

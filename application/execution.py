@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from application.errors import ConcurrentModification, LeaseLost
-from application.log_context import bound
-from application.observer import Observer, Unobserved
-from application.providers import ModelReply, ProviderError, ProviderRegistry
-from application.sessions import Sessions
-from application.tools import ToolContext, ToolError, ToolRegistry
-from domain import errors as domain_errors
-from domain.progress import Action, next_step
-from domain.request import next_request
-from domain.session import Session
-from domain.turns import Effect, ToolProcess, Turn, TurnState
-from domain.values import check_storable, storable_text
+from turnlog.application.errors import ConcurrentModification, LeaseLost
+from turnlog.application.log_context import bound
+from turnlog.application.observer import Observer, Unobserved
+from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
+from turnlog.application.sessions import Sessions
+from turnlog.application.tools import ToolContext, ToolError, ToolRegistry
+from turnlog.domain import errors as domain_errors
+from turnlog.domain.progress import Action, next_step
+from turnlog.domain.request import next_request
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect, ToolProcess, Turn, TurnState
+from turnlog.domain.values import check_storable, storable_text
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.execution")

@@ -17,8 +17,8 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
-from application.sessions import Sessions
-from domain.session import Session
+from turnlog.application.sessions import Sessions
+from turnlog.domain.session import Session
 
 # Fields every event carries that are shown as columns, not as payload.
 _ENVELOPE = frozenset({"originator_id", "originator_version", "timestamp", "originator_topic"})

@@ -19,10 +19,10 @@ from uuid import UUID, uuid5
 
 from eventsourcing.persistence import IntegrityError
 
-from application.errors import SessionNotFound
-from application.history import History
-from application.sessions import Sessions, Written
-from domain.errors import IdempotencyKeyReused
+from turnlog.application.errors import SessionNotFound
+from turnlog.application.history import History
+from turnlog.application.sessions import Sessions, Written
+from turnlog.domain.errors import IdempotencyKeyReused
 
 METADATA_KEY = "turnlog.idempotency"
 _KEYS = UUID("5b0f6d5e-4d7e-4f0e-9a53-8c1f0c7a1d2e")

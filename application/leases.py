@@ -14,8 +14,8 @@ from uuid import UUID
 
 import psycopg
 
-from application.database import Database, connect, lock_key
-from application.errors import LeaseLost
+from turnlog.application.database import Database, connect, lock_key
+from turnlog.application.errors import LeaseLost
 
 # A bigint advisory key shows in pg_locks as classid (high half) and objid
 # (low half), with objsubid 1.

@@ -35,9 +35,9 @@ from uuid import uuid4
 import httpx
 from pydantic import SecretStr
 
-from application.providers import ModelReply, ProviderError
-from application.tools import ToolSpec
-from domain.request import Message, ModelRequest
+from turnlog.application.providers import ModelReply, ProviderError
+from turnlog.application.tools import ToolSpec
+from turnlog.domain.request import Message, ModelRequest
 
 log = logging.getLogger("turnlog.providers.openai")
 

@@ -31,7 +31,7 @@ from eventsourcing.postgres import ConnectionPool, PostgresFactory
 from eventsourcing.utils import EnvType
 from psycopg_pool import PoolTimeout
 
-from application.errors import DatabaseUnavailable
+from turnlog.application.errors import DatabaseUnavailable
 
 PROBE_AFTER = 1.0  # seconds a fail-fast caller waits for a pooled connection before probing
 PROBE_TTL = 0.25  # seconds a probe's verdict is shared (how long a recovery may go unseen)

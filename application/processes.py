@@ -28,7 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
-from domain.turns import ToolProcess
+from turnlog.domain.turns import ToolProcess
 
 # The gate: wait for "go" on stdin, then become the command (same pid, same
 # start time). EOF — the worker died before recording — exits without running it.

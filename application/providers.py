@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from domain.request import Message, ModelRequest
+from turnlog.domain.request import Message, ModelRequest
 
 
 @dataclass(frozen=True)

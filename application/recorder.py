@@ -24,7 +24,7 @@ from eventsourcing.utils import retry
 from psycopg import InterfaceError, OperationalError
 from psycopg.sql import SQL, Identifier
 
-from application.errors import ApplicationError
+from turnlog.application.errors import ApplicationError
 
 
 class TurnlogRecorder(PostgresApplicationRecorder):

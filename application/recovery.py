@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from domain.progress import Action, next_step
-from domain.session import Session
-from domain.turns import Turn, TurnState
+from turnlog.domain.progress import Action, next_step
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Turn, TurnState
 
 
 class Decision(StrEnum):

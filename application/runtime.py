@@ -12,14 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from application.database import Database
-from application.errors import LeaseLost
-from application.execution import Executor
-from application.leases import Lease
-from application.recovery import Decision, Verdict, decide
-from application.sessions import Sessions, Submitted, Written
-from application.settings import Settings
-from domain.turns import Turn
+from turnlog.application.database import Database
+from turnlog.application.errors import LeaseLost
+from turnlog.application.execution import Executor
+from turnlog.application.leases import Lease
+from turnlog.application.recovery import Decision, Verdict, decide
+from turnlog.application.sessions import Sessions, Submitted, Written
+from turnlog.application.settings import Settings
+from turnlog.domain.turns import Turn
 
 log = logging.getLogger("turnlog.runtime")
 

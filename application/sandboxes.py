@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from application.errors import SessionNotFound
-from application.processes import is_alive, kill_group
-from application.sessions import Sessions
-from domain.session import Session
-from domain.turns import CallState, ToolCall, ToolProcess
+from turnlog.application.errors import SessionNotFound
+from turnlog.application.processes import is_alive, kill_group
+from turnlog.application.sessions import Sessions
+from turnlog.domain.session import Session
+from turnlog.domain.turns import CallState, ToolCall, ToolProcess
 
 NO_SESSION = "no such session"
 

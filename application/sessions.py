@@ -17,9 +17,9 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, Transcoding
 
-from application.errors import ConcurrentModification, SessionNotFound
-from domain.session import Session
-from domain.turns import CallState, Step, ToolCall, Turn, TurnState
+from turnlog.application.errors import ConcurrentModification, SessionNotFound
+from turnlog.domain.session import Session
+from turnlog.domain.turns import CallState, Step, ToolCall, Turn, TurnState
 
 T = TypeVar("T")
 

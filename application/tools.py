@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from domain.turns import Effect, ToolProcess
+from turnlog.domain.turns import Effect, ToolProcess
 
 MAX_SLEEP_SECONDS = 300.0
 

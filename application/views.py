@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from domain.session import Session
-from domain.turns import ToolCall, Turn
+from turnlog.domain.session import Session
+from turnlog.domain.turns import ToolCall, Turn
 
 
 def _iso(value: datetime | None) -> str | None:

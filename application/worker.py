@@ -28,14 +28,14 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from application.database import Database, bootstrap_lock, connect
-from application.errors import ApplicationError, LeaseLost
-from application.leases import Lease, owner_alive
-from application.log_context import bound
-from application.recovery import Verdict, decide, summarize
-from application.runtime import Runtime
-from domain.errors import DomainError
-from domain.session import Session
+from turnlog.application.database import Database, bootstrap_lock, connect
+from turnlog.application.errors import ApplicationError, LeaseLost
+from turnlog.application.leases import Lease, owner_alive
+from turnlog.application.log_context import bound
+from turnlog.application.recovery import Verdict, decide, summarize
+from turnlog.application.runtime import Runtime
+from turnlog.domain.errors import DomainError
+from turnlog.domain.session import Session
 
 log = logging.getLogger("turnlog.worker")
 

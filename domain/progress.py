@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from domain.session import Session
-from domain.turns import MAX_TOOL_ATTEMPTS, Effect, Turn, TurnState
+from turnlog.domain.session import Session
+from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect, Turn, TurnState
 
 
 class Action(StrEnum):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from domain.session import Session
-from domain.turns import CallState, ToolCall, Turn, TurnState
+from turnlog.domain.session import Session
+from turnlog.domain.turns import CallState, ToolCall, Turn, TurnState
 
 PLACEHOLDER_UNKNOWN = "outcome unknown: the worker running this call stopped before it reported"
 PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"

@@ -19,8 +19,8 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.domain import Snapshot as LibrarySnapshot
 from eventsourcing.utils import register_topic
 
-from domain import errors
-from domain.turns import (
+from turnlog.domain import errors
+from turnlog.domain.turns import (
     MAX_MESSAGE_BYTES,
     MAX_TOOL_ATTEMPTS,
     CallState,
@@ -32,7 +32,7 @@ from domain.turns import (
     TurnState,
     require_text,
 )
-from domain.values import check_storable, storable_text
+from turnlog.domain.values import check_storable, storable_text
 
 RESOLVE_OUTCOMES = ("succeeded", "failed")
 

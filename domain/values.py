@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from domain import errors
+from turnlog.domain import errors
 
 MAX_DEPTH = 64  # nesting of JSON objects and arrays in one value
 

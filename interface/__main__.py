@@ -1,3 +1,3 @@
-from interface.cli import entrypoint
+from turnlog.interface.cli import entrypoint
 
 entrypoint()

@@ -11,15 +11,15 @@ import os
 import socket
 import uuid
 
-from application import database
-from application.command_tools import add_declared_tools, shell_tool
-from application.execution import Executor
-from application.openai_provider import OpenAIConfig, OpenAIProvider
-from application.providers import FixtureProvider, ProviderRegistry
-from application.runtime import Runtime
-from application.sessions import Sessions
-from application.settings import Settings
-from application.tools import ToolRegistry, builtin_tools
+from turnlog.application import database
+from turnlog.application.command_tools import add_declared_tools, shell_tool
+from turnlog.application.execution import Executor
+from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
+from turnlog.application.providers import FixtureProvider, ProviderRegistry
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.application.tools import ToolRegistry, builtin_tools
 
 
 def worker_id() -> str:

@@ -20,18 +20,18 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
-from application.errors import ConfigurationError
-from application.runtime import Runtime
-from application.settings import Settings
-from application.views import describe_session, describe_turn
-from interface import cli_work
-from interface.bootstrap import build_runtime
-from interface.cli_read import audit, projections_app
-from interface.cli_sandboxes import sandboxes_app
-from interface.cli_tools import tools_app
-from interface.demo import demo_app
-from interface.serve import serve
-from interface.terminal import err, fail, out, refusals
+from turnlog.application.errors import ConfigurationError
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.application.views import describe_session, describe_turn
+from turnlog.interface import cli_work
+from turnlog.interface.bootstrap import build_runtime
+from turnlog.interface.cli_read import audit, projections_app
+from turnlog.interface.cli_sandboxes import sandboxes_app
+from turnlog.interface.cli_tools import tools_app
+from turnlog.interface.demo import demo_app
+from turnlog.interface.serve import serve
+from turnlog.interface.terminal import err, fail, out, refusals
 
 T = TypeVar("T")
 
@@ -339,7 +339,7 @@ def db_init(ctx: typer.Context) -> None:
 @db_app.command("status")
 def db_status(ctx: typer.Context) -> None:
     """Server, version, namespace, event count and last position."""
-    from application.database import namespace_status
+    from turnlog.application.database import namespace_status
 
     status = run(ctx, lambda rt: namespace_status(rt.db, rt.settings.namespace))
     for key, value in status.items():
@@ -349,7 +349,7 @@ def db_status(ctx: typer.Context) -> None:
 @db_app.command("stop")
 def db_stop(ctx: typer.Context) -> None:
     """Stop the embedded PostgreSQL of the data directory (it otherwise keeps running)."""
-    from application.database import stop_embedded
+    from turnlog.application.database import stop_embedded
 
     settings = ctx_of(ctx).settings()
     if settings.database_url:

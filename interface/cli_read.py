@@ -29,12 +29,12 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.terminal import err, fail, out, refusals, stop_on_signals
-from projections import ProjectionSupervisor, ReadModels, read_models
-from projections import audit as audits
-from projections.rebuild import rebuild, verify
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.terminal import err, fail, out, refusals, stop_on_signals
+from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
+from turnlog.projections import audit as audits
+from turnlog.projections.rebuild import rebuild, verify
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.projections")
@@ -89,9 +89,9 @@ def projections_run(
     metrics_host: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Keep the read models up to date until SIGTERM or SIGINT (hot standby if another runs)."""
-    from interface.logs import configure_logging
-    from interface.metrics import MetricsServer
-    from interface.roles import Parts, Role
+    from turnlog.interface.logs import configure_logging
+    from turnlog.interface.metrics import MetricsServer
+    from turnlog.interface.roles import Parts, Role
 
     configure_logging(_root(ctx).settings())
     # The parts a `serve --role projections` process has, for the metrics to read.

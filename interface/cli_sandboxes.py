@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from application.runtime import Runtime
-from application.sandboxes import Action, Sandbox, Sandboxes
+from turnlog.application.runtime import Runtime
+from turnlog.application.sandboxes import Action, Sandbox, Sandboxes
 
 sandboxes_app = typer.Typer(
     help="Tool sandboxes on this host: list them, collect leftovers.", no_args_is_help=True
@@ -26,8 +26,8 @@ def sandboxes_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Each session's sandbox: path, size, the session's state and its live tool processes."""
-    from interface.cli import run
-    from interface.terminal import out
+    from turnlog.interface.cli import run
+    from turnlog.interface.terminal import out
 
     found: list[Sandbox] = run(ctx, lambda rt: _sandboxes(rt).scan())
     if as_json:
@@ -58,8 +58,8 @@ def sandboxes_gc(
     Processes of a call whose outcome is unknown (an interrupted turn) are kept
     until the turn is abandoned or the call resolved.
     """
-    from interface.cli import run
-    from interface.terminal import out
+    from turnlog.interface.cli import run
+    from turnlog.interface.terminal import out
 
     actions: list[Action] = run(ctx, lambda rt: _sandboxes(rt).gc(dry_run=dry_run))
     if as_json:

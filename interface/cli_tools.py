@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from application.tools import ToolSpec
+from turnlog.application.tools import ToolSpec
 
 tools_app = typer.Typer(help="The tools sessions can call.", no_args_is_help=True)
 
@@ -19,8 +19,8 @@ def tools_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Name, effect class, description and parameters of every tool (a bad tools file fails)."""
-    from interface.cli import run
-    from interface.terminal import out
+    from turnlog.interface.cli import run
+    from turnlog.interface.terminal import out
 
     specs: list[ToolSpec] = run(ctx, lambda rt: rt.executor.tools.specs())
     if as_json:

@@ -9,10 +9,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from application.worker import check_open_turns
-from interface.metrics import MetricsServer
-from interface.roles import OpenTurnsSource, Parts, Role
-from interface.terminal import stop_on_signals
+from turnlog.application.worker import check_open_turns
+from turnlog.interface.metrics import MetricsServer
+from turnlog.interface.roles import OpenTurnsSource, Parts, Role
+from turnlog.interface.terminal import stop_on_signals
 
 out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("turnlog.worker")
@@ -34,7 +34,7 @@ def worker(
     Needs the open_turns read model kept by a projections runner
     (`turnlog projections run` or `turnlog serve --role projections`).
     """
-    from interface.logs import configure_logging
+    from turnlog.interface.logs import configure_logging
 
     settings = ctx.find_root().obj.settings()
     configure_logging(settings)
@@ -59,7 +59,7 @@ def check(
     apply: Annotated[bool, typer.Option("--apply", help="Act on the decisions now.")] = False,
 ) -> None:
     """The restart check: every open turn and what recovery does with it."""
-    from projections.queries import ReadModels
+    from turnlog.projections.queries import ReadModels
 
     root: Any = ctx.find_root().obj
     runtime = root.runtime()
@@ -69,14 +69,14 @@ def check(
     for v in verdicts:
         table.add_row(v.session_id, v.turn_id, v.state, str(v.decision), v.detail)
     out.print(table)
-    from application.recovery import summarize
+    from turnlog.application.recovery import summarize
 
     out.print(summarize(verdicts))
     if not apply:
         return
     from uuid import UUID
 
-    from application.leases import Lease
+    from turnlog.application.leases import Lease
 
     for v in verdicts:
         if v.decision.startswith("leave"):

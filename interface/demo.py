@@ -45,7 +45,7 @@ WORDS = [
 
 def _turnlog(*args: str) -> str:
     """Run ``turnlog ARGS`` as a new process; return its output or fail loudly."""
-    command = [sys.executable, "-m", "interface", *args]
+    command = [sys.executable, "-m", "turnlog", *args]
     done = subprocess.run(
         command, capture_output=True, text=True, env=os.environ.copy(), timeout=300
     )
@@ -85,7 +85,7 @@ def restart(
     word: Annotated[str, typer.Option(help="The codeword (default: a random word).")] = "",
 ) -> None:
     """Codeword recall across a SIGKILL, then the unknown-outcome boundary, over HTTP."""
-    from interface.restart_demo import DemoFailed, RestartDemo
+    from turnlog.interface.restart_demo import DemoFailed, RestartDemo
 
     settings = ctx.find_root().obj.settings()
     demo = RestartDemo(settings, lambda line: out.print(line, markup=False), word)

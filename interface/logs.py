@@ -30,8 +30,8 @@ from typing import Any, TextIO
 
 from psycopg.conninfo import conninfo_to_dict
 
-from application import log_context
-from application.settings import Settings
+from turnlog.application import log_context
+from turnlog.application.settings import Settings
 
 REDACTED = "[redacted]"
 # Libraries whose INFO lines say nothing an operator needs: the embedded server

@@ -35,7 +35,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from interface.roles import Parts
+    from turnlog.interface.roles import Parts
 
 log = logging.getLogger("turnlog.metrics")
 

@@ -27,8 +27,8 @@ from typing import Any
 import psycopg
 from eventsourcing import persistence as es_persistence
 
-from application import errors as app_errors
-from domain import errors as domain_errors
+from turnlog.application import errors as app_errors
+from turnlog.domain import errors as domain_errors
 
 
 class RequestRefused(Exception):

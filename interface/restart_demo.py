@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from application.settings import Settings
+from turnlog.application.settings import Settings
 
 
 class DemoFailed(Exception):
@@ -72,7 +72,7 @@ class Server:
             env["TURNLOG_DATABASE_URL"] = settings.database_url
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "interface", "serve", "--port", str(port)],
+            [sys.executable, "-m", "turnlog", "serve", "--port", str(port)],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

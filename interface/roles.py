@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from application.log_context import bound
-from application.observer import Observer
-from application.runtime import Runtime
-from application.settings import Settings
-from application.worker import OpenTurnRef, Worker
-from interface.bootstrap import build_runtime
-from projections import ProjectionSupervisor, ReadModels
+from turnlog.application.log_context import bound
+from turnlog.application.observer import Observer
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.application.worker import OpenTurnRef, Worker
+from turnlog.interface.bootstrap import build_runtime
+from turnlog.projections import ProjectionSupervisor, ReadModels
 
 log = logging.getLogger("turnlog.serve")
 

@@ -20,9 +20,9 @@ from typing import Annotated, Any
 import typer
 import uvicorn
 
-from application.settings import Settings
-from interface.logs import configure_logging
-from interface.roles import Role
+from turnlog.application.settings import Settings
+from turnlog.interface.logs import configure_logging
+from turnlog.interface.roles import Role
 
 GRACEFUL_SECONDS = 30
 
@@ -45,7 +45,7 @@ def serve(
         typer.echo(f"error: {refusal}", err=True)
         raise typer.Exit(2)
     configure_logging(settings)
-    from interface.http import create_app  # the CLI's other commands do not need FastAPI
+    from turnlog.interface.http import create_app  # the CLI's other commands do not need FastAPI
 
     app = create_app(settings, role=role, worker_concurrency=concurrency)
     config = uvicorn.Config(

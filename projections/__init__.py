@@ -6,10 +6,10 @@ Three read models, one module each (``sessions_view``, ``open_turns``,
 them, and ``audit`` checks a session's stored stream against all of it.
 """
 
-from projections.catalog import READ_MODELS, ReadModel, read_models
-from projections.queries import ReadModels
-from projections.runner import ProjectionSupervisor
-from projections.status import projection_status
+from turnlog.projections.catalog import READ_MODELS, ReadModel, read_models
+from turnlog.projections.queries import ReadModels
+from turnlog.projections.runner import ProjectionSupervisor
+from turnlog.projections.status import projection_status
 
 __all__ = [
     "READ_MODELS",

@@ -13,10 +13,10 @@ from typing import Any
 
 from psycopg import sql
 
-from application.errors import InvalidQuery
-from projections import open_turns, tool_calls
-from projections.catalog import READ_MODELS
-from projections.queries import ReadModels
+from turnlog.application.errors import InvalidQuery
+from turnlog.projections import open_turns, tool_calls
+from turnlog.projections.catalog import READ_MODELS
+from turnlog.projections.queries import ReadModels
 
 MAX_WINDOW_SECONDS = 7 * 24 * 3600
 MAX_BUCKETS = 120

@@ -25,12 +25,12 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent, Tracking
 from psycopg import sql
 
-from application.errors import SessionNotFound
-from domain.session import Session
-from projections.catalog import ReadModel, read_models
-from projections.log import EventLog
-from projections.rebuild import compare
-from projections.rows import Row, storable
+from turnlog.application.errors import SessionNotFound
+from turnlog.domain.session import Session
+from turnlog.projections.catalog import ReadModel, read_models
+from turnlog.projections.log import EventLog
+from turnlog.projections.rebuild import compare
+from turnlog.projections.rows import Row, storable
 
 
 @dataclass(frozen=True)

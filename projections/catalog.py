@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from eventsourcing.postgres import PostgresDatastore
 from eventsourcing.projection import Projection
 
-from application.errors import UnknownProjection
-from projections.open_turns import OpenTurnsProjection, PostgresOpenTurnsView
-from projections.rows import Table
-from projections.sessions_view import PostgresSessionsView, SessionsProjection
-from projections.tool_calls import PostgresToolCallsView, ToolCallsProjection
-from projections.view import MemoryView, PostgresReadModelView, ReadModelView
+from turnlog.application.errors import UnknownProjection
+from turnlog.projections.open_turns import OpenTurnsProjection, PostgresOpenTurnsView
+from turnlog.projections.rows import Table
+from turnlog.projections.sessions_view import PostgresSessionsView, SessionsProjection
+from turnlog.projections.tool_calls import PostgresToolCallsView, ToolCallsProjection
+from turnlog.projections.view import MemoryView, PostgresReadModelView, ReadModelView
 
 
 @dataclass(frozen=True)

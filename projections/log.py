@@ -15,11 +15,11 @@ from eventsourcing.persistence import Notification, Tracking
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
 
-from application import database
-from application.database import Database
-from application.sessions import Sessions
-from application.settings import Settings
-from projections.catalog import ReadModel
+from turnlog.application import database
+from turnlog.application.database import Database
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.projections.catalog import ReadModel
 
 
 class EventLog:

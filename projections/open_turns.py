@@ -12,10 +12,10 @@ from eventsourcing.dispatch import singledispatchmethod
 from eventsourcing.persistence import Tracking
 from eventsourcing.projection import Projection
 
-from domain.session import Session
-from domain.turns import TurnState
-from projections.rows import Row, Table, turn_scope
-from projections.view import PostgresReadModelView, ReadModelView
+from turnlog.domain.session import Session
+from turnlog.domain.turns import TurnState
+from turnlog.projections.rows import Row, Table, turn_scope
+from turnlog.projections.view import PostgresReadModelView, ReadModelView
 
 STATES = (TurnState.QUEUED.value, TurnState.RUNNING.value, TurnState.INTERRUPTED.value)
 

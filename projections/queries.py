@@ -17,15 +17,15 @@ from uuid import UUID
 
 from psycopg import sql
 
-from application.database import Database
-from application.errors import InvalidCursor, InvalidQuery
-from application.sessions import Sessions
-from application.settings import Settings
-from projections import open_turns, sessions_view, tool_calls
-from projections.catalog import READ_MODELS, read_models
-from projections.log import EventLog, create_tables, open_log
-from projections.rows import Key, Row, as_json
-from projections.status import projection_status
+from turnlog.application.database import Database
+from turnlog.application.errors import InvalidCursor, InvalidQuery
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.projections import open_turns, sessions_view, tool_calls
+from turnlog.projections.catalog import READ_MODELS, read_models
+from turnlog.projections.log import EventLog, create_tables, open_log
+from turnlog.projections.rows import Key, Row, as_json
+from turnlog.projections.status import projection_status
 
 MAX_LIMIT = 500
 MAX_CURSOR_CHARS = 512

@@ -20,14 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from application.database import Database, connect
-from application.errors import ProjectionBusy
-from projections.catalog import ReadModel
-from projections.log import EventLog, create_tables
-from projections.rows import Key, Row, Table
-from projections.runner import STANDBY_INTERVAL, projection_lock_key
-from projections.status import lock_holder
-from projections.view import MemoryView, fold_batch
+from turnlog.application.database import Database, connect
+from turnlog.application.errors import ProjectionBusy
+from turnlog.projections.catalog import ReadModel
+from turnlog.projections.log import EventLog, create_tables
+from turnlog.projections.rows import Key, Row, Table
+from turnlog.projections.runner import STANDBY_INTERVAL, projection_lock_key
+from turnlog.projections.status import lock_holder
+from turnlog.projections.view import MemoryView, fold_batch
 
 REBUILD_BATCH = 2000
 VERIFY_BATCH = 5000

@@ -34,12 +34,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from application.database import Database, connect, lock_key
-from application.sessions import Sessions
-from application.settings import Settings
-from projections.catalog import ReadModel, read_models
-from projections.log import EventLog, create_tables, open_log
-from projections.view import fold_batch
+from turnlog.application.database import Database, connect, lock_key
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.projections.catalog import ReadModel, read_models
+from turnlog.projections.log import EventLog, create_tables, open_log
+from turnlog.projections.view import fold_batch
 
 log = logging.getLogger("turnlog.projections")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from psycopg import Connection
 
-from projections.catalog import ReadModel, read_models
-from projections.log import EventLog
-from projections.runner import projection_lock_key
+from turnlog.projections.catalog import ReadModel, read_models
+from turnlog.projections.log import EventLog
+from turnlog.projections.runner import projection_lock_key
 
 # A bigint advisory key shows in pg_locks as classid (high half) and objid
 # (low half), with objsubid 1.

@@ -14,10 +14,10 @@ from eventsourcing.dispatch import singledispatchmethod
 from eventsourcing.persistence import Tracking
 from eventsourcing.projection import Projection
 
-from domain.session import Session
-from domain.turns import CallState
-from projections.rows import Row, Rows, Table, seconds_between, summarize, turn_scope
-from projections.view import PostgresReadModelView, ReadModelView
+from turnlog.domain.session import Session
+from turnlog.domain.turns import CallState
+from turnlog.projections.rows import Row, Rows, Table, seconds_between, summarize, turn_scope
+from turnlog.projections.view import PostgresReadModelView, ReadModelView
 
 STATES = tuple(state.value for state in CallState)
 

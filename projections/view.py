@@ -27,8 +27,8 @@ from eventsourcing.projection import Projection
 from psycopg import Cursor, sql
 from psycopg.rows import DictRow
 
-from application.errors import ProjectionConflict
-from projections.rows import Key, Row, Rows, Table, storable_key
+from turnlog.application.errors import ProjectionConflict
+from turnlog.projections.rows import Key, Row, Rows, Table, storable_key
 
 
 class ReadModelView(TrackingRecorder, ABC):

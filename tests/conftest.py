@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from application.database import Database, embedded_running, locate, stop_embedded
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.bootstrap import build_runtime
+from turnlog.application.database import Database, embedded_running, locate, stop_embedded
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import build_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def turnlog(
 ) -> subprocess.CompletedProcess[str]:
     """Run the `turnlog` command in a new process and wait for it."""
     return subprocess.run(
-        [sys.executable, "-m", "interface", *args],
+        [sys.executable, "-m", "turnlog", *args],
         capture_output=True,
         text=True,
         env=turnlog_env(settings),
@@ -101,7 +101,7 @@ def turnlog(
 def spawn_turnlog(settings: Settings, *args: str) -> subprocess.Popen[str]:
     """Start the `turnlog` command in a new process without waiting."""
     return subprocess.Popen(
-        [sys.executable, "-m", "interface", *args],
+        [sys.executable, "-m", "turnlog", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from application.runtime import Runtime
-from application.sessions import Sessions
-from domain.session import Session
-from domain.turns import Effect
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import Sessions
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect
 
 WORKER = "test-worker"
 ACTOR = "operator:test"

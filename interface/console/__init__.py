@@ -6,6 +6,6 @@ one stylesheet; no build step. See ``routes`` for how no data is served
 without the API token.
 """
 
-from interface.console.routes import install
+from turnlog.interface.console.routes import install
 
 __all__ = ["install"]

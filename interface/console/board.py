@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from application.runtime import Runtime
-from application.worker import list_workers
-from projections import ReadModels
-from projections.activity import open_turn_summary, tool_call_activity
+from turnlog.application.runtime import Runtime
+from turnlog.application.worker import list_workers
+from turnlog.projections import ReadModels
+from turnlog.projections.activity import open_turn_summary, tool_call_activity
 
 WINDOW_SECONDS = 3600
 BUCKETS = 12

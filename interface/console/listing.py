@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from interface.problems import InvalidRequest
-from projections import ReadModels
+from turnlog.interface.problems import InvalidRequest
+from turnlog.projections import ReadModels
 
 ATTENTION = ("blocked", "busy")
 FILTERS = ("idle", "busy", "blocked", "closed", "attention")

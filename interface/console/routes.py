@@ -26,12 +26,12 @@ from fastapi.params import Depends
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from application.views import describe_session
-from interface.console.board import build_board
-from interface.console.listing import FILTERS, sessions_page
-from interface.console.render import STATIC, templates
-from interface.console.timeline import shape_session
-from interface.http.deps import ReadModelsDep, RuntimeDep, SessionsDep
+from turnlog.application.views import describe_session
+from turnlog.interface.console.board import build_board
+from turnlog.interface.console.listing import FILTERS, sessions_page
+from turnlog.interface.console.render import STATIC, templates
+from turnlog.interface.console.timeline import shape_session
+from turnlog.interface.http.deps import ReadModelsDep, RuntimeDep, SessionsDep
 
 TEMPLATES = templates()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from interface.console.render import parse_time
+from turnlog.interface.console.render import parse_time
 
 
 def shape_session(view: dict[str, Any], now: datetime | None = None) -> dict[str, Any]:

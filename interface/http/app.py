@@ -25,20 +25,24 @@ from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 
-from application.errors import DatabaseUnavailable
-from application.runtime import Runtime
-from application.settings import Settings
-from interface import console
-from interface.http import errors
-from interface.http.deps import database_fails_fast, known_query_only, require_token
-from interface.http.errors import PROBLEM_MEDIA_TYPE
-from interface.http.metrics import Metrics
-from interface.http.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
-from interface.http.pulse import LogPulse
-from interface.http.routes import events, listings, ops, sessions, turns
-from interface.http.state import AppState, Options
-from interface.http.streams import StreamSlots
-from interface.roles import Parts, Role
+from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface import console
+from turnlog.interface.http import errors
+from turnlog.interface.http.deps import database_fails_fast, known_query_only, require_token
+from turnlog.interface.http.errors import PROBLEM_MEDIA_TYPE
+from turnlog.interface.http.metrics import Metrics
+from turnlog.interface.http.middleware import (
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    RequestIdMiddleware,
+)
+from turnlog.interface.http.pulse import LogPulse
+from turnlog.interface.http.routes import events, listings, ops, sessions, turns
+from turnlog.interface.http.state import AppState, Options
+from turnlog.interface.http.streams import StreamSlots
+from turnlog.interface.roles import Parts, Role
 
 log = logging.getLogger("turnlog.http")
 

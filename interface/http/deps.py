@@ -14,14 +14,14 @@ from fastapi import Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from application.errors import DatabaseUnavailable
-from application.history import History
-from application.pool import fail_fast
-from application.runtime import Runtime
-from application.sessions import Sessions
-from interface.http.state import AppState
-from interface.problems import InvalidRequest, NotReady, ReadModelLagging, Unauthorized
-from projections import ReadModels
+from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.history import History
+from turnlog.application.pool import fail_fast
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import Sessions
+from turnlog.interface.http.state import AppState
+from turnlog.interface.problems import InvalidRequest, NotReady, ReadModelLagging, Unauthorized
+from turnlog.projections import ReadModels
 
 _bearer = HTTPBearer(auto_error=False, description="The server's TURNLOG_API_TOKEN.")
 

@@ -18,9 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from application.errors import ApplicationError
-from domain.errors import DomainError
-from interface.problems import InvalidRequest, Problem, RequestRefused, problem_for
+from turnlog.application.errors import ApplicationError
+from turnlog.domain.errors import DomainError
+from turnlog.interface.problems import InvalidRequest, Problem, RequestRefused, problem_for
 
 log = logging.getLogger("turnlog.http")
 

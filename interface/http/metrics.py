@@ -27,12 +27,12 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from application.history import count_topics
-from domain.session import Session
-from interface.metrics import register_process_metrics
+from turnlog.application.history import count_topics
+from turnlog.domain.session import Session
+from turnlog.interface.metrics import register_process_metrics
 
 if TYPE_CHECKING:
-    from interface.roles import Parts
+    from turnlog.interface.roles import Parts
 
 log = logging.getLogger("turnlog.http")
 

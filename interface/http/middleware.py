@@ -16,9 +16,9 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from application.log_context import bound
-from interface.http.errors import PROBLEM_MEDIA_TYPE, problem_bytes, problem_headers
-from interface.problems import PayloadTooLarge, Problem, problem_for
+from turnlog.application.log_context import bound
+from turnlog.interface.http.errors import PROBLEM_MEDIA_TYPE, problem_bytes, problem_headers
+from turnlog.interface.problems import PayloadTooLarge, Problem, problem_for
 
 log = logging.getLogger("turnlog.http")
 

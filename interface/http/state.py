@@ -6,11 +6,11 @@ import threading
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from application.history import History
-from interface.http.metrics import Metrics
-from interface.http.pulse import LogPulse
-from interface.http.streams import StreamSlots
-from interface.roles import Parts
+from turnlog.application.history import History
+from turnlog.interface.http.metrics import Metrics
+from turnlog.interface.http.pulse import LogPulse
+from turnlog.interface.http.streams import StreamSlots
+from turnlog.interface.roles import Parts
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from application.history import History, RecordedEvent
-from interface.http.pulse import LogPulse
-from interface.http.schemas import EventOut
-from interface.problems import TooManyStreams
+from turnlog.application.history import History, RecordedEvent
+from turnlog.interface.http.pulse import LogPulse
+from turnlog.interface.http.schemas import EventOut
+from turnlog.interface.problems import TooManyStreams
 
 BATCH = 500
 

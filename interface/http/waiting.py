@@ -8,9 +8,9 @@ from uuid import UUID
 
 from fastapi.concurrency import run_in_threadpool
 
-from application.sessions import Sessions
-from application.views import describe_turn
-from interface.http.state import AppState
+from turnlog.application.sessions import Sessions
+from turnlog.application.views import describe_turn
+from turnlog.interface.http.state import AppState
 
 FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned"})
 

@@ -14,11 +14,11 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
-from application.settings import Settings
-from domain.turns import Effect
-from interface.http import create_app
-from interface.http.state import Options
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain.turns import Effect
+from turnlog.interface.http import create_app
+from turnlog.interface.http.state import Options
 
 # Short timings so that timeouts are observable within a test's budget.
 FAST = Options(

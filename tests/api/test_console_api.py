@@ -11,11 +11,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.http import create_app
-from projections import ProjectionSupervisor
 from tests.api.conftest import FAST, interrupt_a_turn, new_session, problem, run_queued_turn
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
+from turnlog.projections import ProjectionSupervisor
 
 TOKEN = "tok-console-7d1e"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,10 +12,10 @@ from uuid import UUID
 import httpx
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, eventually, live_server, new_session, problem, run_queued_turn
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 SSE = {"Accept": "text/event-stream"}
 

@@ -26,16 +26,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from application.database import Database
-from application.errors import LeaseLost
-from application.leases import Lease
-from application.runtime import Runtime
-from application.settings import Settings
-from domain.turns import Effect
-from interface.http import create_app
 from tests.api.conftest import APPEND, FAST, live_server
 from tests.conftest import ROOT, raw_events, turnlog
 from tests.fault.cluster import poll
+from turnlog.application.database import Database
+from turnlog.application.errors import LeaseLost
+from turnlog.application.leases import Lease
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain.turns import Effect
+from turnlog.interface.http import create_app
 
 SQL_TEXT = [
     "'; DROP TABLE sessions_events; --",
@@ -370,7 +370,7 @@ def test_namespaces_that_are_not_identifiers_are_refused_before_any_sql(
     )
     before = _schemas(database)
     done = subprocess.run(
-        [sys.executable, "-m", "interface", "db", "init"],
+        [sys.executable, "-m", "turnlog", "db", "init"],
         env=env,
         cwd=ROOT,
         capture_output=True,

@@ -22,12 +22,12 @@ import pytest
 from psycopg import sql
 from pydantic import SecretStr
 
-from application.database import Database
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, live_server
 from tests.conftest import drop_namespace, raw_events
 from tests.fault.cluster import cluster
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 TOKEN = "tok-" + uuid.uuid4().hex  # a fresh secret per run: any sighting is a leak
 

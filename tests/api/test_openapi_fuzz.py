@@ -33,9 +33,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, live_server
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 EXAMPLES = int(os.environ.get("TURNLOG_FUZZ_EXAMPLES", "20"))
 CHECKS = [

@@ -7,10 +7,10 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, new_session, problem, run_queued_turn
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 
 def test_healthz_and_readyz_answer_when_the_database_is_up(api: TestClient) -> None:

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.http import create_app
-from projections import ProjectionSupervisor
 from tests.api.conftest import FAST, eventually, interrupt_a_turn, new_session, problem
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
+from turnlog.projections import ProjectionSupervisor
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, problem
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 TOKEN = "tok-3f9a1c7e-not-in-logs"
 

@@ -7,8 +7,8 @@ import uuid
 
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
 from tests.api.conftest import new_session, problem
+from turnlog.application.runtime import Runtime
 
 
 def test_creating_a_session_answers_201_with_the_session_its_position_and_location(
@@ -76,7 +76,7 @@ def test_concurrent_creations_with_one_key_make_one_session(
 
 
 def test_the_same_key_in_two_namespaces_makes_two_sessions(api: TestClient) -> None:
-    from application.idempotency import session_id_for
+    from turnlog.application.idempotency import session_id_for
 
     assert session_id_for("one", "k") != session_id_for("two", "k")
 

@@ -9,10 +9,10 @@ from uuid import UUID
 import pytest
 from fastapi.testclient import TestClient
 
-from application.runtime import Runtime
-from application.settings import Settings
-from interface.bootstrap import build_runtime
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import build_runtime
 
 
 def test_a_submitted_turn_is_stored_before_the_202_answer(

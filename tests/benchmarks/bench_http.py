@@ -17,13 +17,13 @@ from uuid import UUID
 
 import httpx
 
-from application.database import Database
-from application.settings import Settings
-from interface.bootstrap import build_runtime
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.bench_turns import TOOL_MESSAGE
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, percentile, scratch_namespace
 from tests.fault.cluster import Process, free_port, poll
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import build_runtime
 
 CLIENTS = 16
 

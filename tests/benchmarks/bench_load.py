@@ -16,16 +16,16 @@ from uuid import UUID
 
 from psycopg import sql
 
-from application import database
-from application.database import Database
-from application.sessions import Sessions
-from application.settings import Settings
-from domain.request import next_request
-from domain.session import Session
-from domain.turns import Effect
-from interface.bootstrap import open_sessions
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_namespace
+from turnlog.application import database
+from turnlog.application.database import Database
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.domain.request import next_request
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect
+from turnlog.interface.bootstrap import open_sessions
 
 WORKER = "bench-worker"
 SAVE_EVERY = 25  # turns per save while seeding

@@ -14,17 +14,17 @@ from typing import Any
 from eventsourcing.projection import ProjectionRunner
 from psycopg import sql
 
-from application import database
-from application.database import Database
-from application.sessions import Sessions
-from application.settings import Settings
-from projections.catalog import ReadModel, read_models
-from projections.log import EventLog, open_log
-from projections.rebuild import rebuild
 from tests.benchmarks import bench_serve_startup
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_namespace
 from tests.histories import bulk_history
+from turnlog.application import database
+from turnlog.application.database import Database
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.projections.catalog import ReadModel, read_models
+from turnlog.projections.log import EventLog, open_log
+from turnlog.projections.rebuild import rebuild
 
 # ------------------------------------------------------------------ figure 4
 

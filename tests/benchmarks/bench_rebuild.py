@@ -31,13 +31,13 @@ import psycopg  # noqa: E402
 from eventsourcing.projection import ProjectionRunner  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from application import database  # noqa: E402
-from application.sessions import Sessions  # noqa: E402
-from application.settings import Settings  # noqa: E402
-from projections.catalog import ReadModel, read_models  # noqa: E402
-from projections.log import EventLog, open_log  # noqa: E402
-from projections.rebuild import compare, rebuild  # noqa: E402
 from tests.histories import bulk_history  # noqa: E402
+from turnlog.application import database  # noqa: E402
+from turnlog.application.sessions import Sessions  # noqa: E402
+from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.projections.catalog import ReadModel, read_models  # noqa: E402
+from turnlog.projections.log import EventLog, open_log  # noqa: E402
+from turnlog.projections.rebuild import compare, rebuild  # noqa: E402
 
 TARGET_RATIO = 10.0
 

@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from application import database  # noqa: E402
-from application.settings import Settings  # noqa: E402
-from domain.session import Session  # noqa: E402
-from interface.bootstrap import build_runtime  # noqa: E402
-from projections import ProjectionSupervisor, ReadModels  # noqa: E402
 from tests.conftest import drop_namespace, turnlog_env  # noqa: E402
+from turnlog.application import database  # noqa: E402
+from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.domain.session import Session  # noqa: E402
+from turnlog.interface.bootstrap import build_runtime  # noqa: E402
+from turnlog.projections import ProjectionSupervisor, ReadModels  # noqa: E402
 
 
 def seed(settings: Settings, count: int) -> None:
@@ -77,7 +77,7 @@ def start_once(settings: Settings) -> tuple[float, float]:
     url = f"http://127.0.0.1:{port}"
     began = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "interface", "serve", "--port", str(port)],
+        [sys.executable, "-m", "turnlog", "serve", "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=turnlog_env(settings),

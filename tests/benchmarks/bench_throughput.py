@@ -16,9 +16,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from application.database import Database
-from projections import ReadModels
-from projections.catalog import read_models
 from tests.benchmarks import bench_turns
 from tests.benchmarks.suite import (
     Figure,
@@ -33,6 +30,9 @@ from tests.benchmarks.suite import (
     scratch_namespace,
 )
 from tests.fault.cluster import Process, poll
+from turnlog.application.database import Database
+from turnlog.projections import ReadModels
+from turnlog.projections.catalog import read_models
 
 PROCESSES = 8
 
@@ -113,7 +113,7 @@ SESSION_TURNS = (150, 40)  # turns per session in figures 1, 2 and 7 (full, quic
 
 def timed_turns(conninfo: str, namespace: str, turns: int) -> list[float]:
     """``bench_turns.turnlog_turns``, keeping each turn's time (seconds)."""
-    from interface.bootstrap import build_runtime
+    from turnlog.interface.bootstrap import build_runtime
 
     params = dict(psycopg.conninfo.conninfo_to_dict(conninfo))
     rt = build_runtime(bench_turns.bench_settings(Database(params, embedded=False), namespace))

@@ -25,8 +25,8 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from application.database import Database, locate  # noqa: E402
-from application.settings import Settings  # noqa: E402
+from turnlog.application.database import Database, locate  # noqa: E402
+from turnlog.application.settings import Settings  # noqa: E402
 
 TOOL_MESSAGE = '/tool echo {"text": "benchmark"}'
 
@@ -56,7 +56,7 @@ def drop_schema(db: Database, schema: str) -> None:
 
 def turnlog_turns(db_conninfo: str, namespace: str, turns: int, barrier: Any = None) -> float:
     """Run ``turns`` turns in one new session; returns the elapsed seconds."""
-    from interface.bootstrap import build_runtime
+    from turnlog.interface.bootstrap import build_runtime
 
     db = Database(params=dict(psycopg.conninfo.conninfo_to_dict(db_conninfo)), embedded=False)
     rt = build_runtime(bench_settings(db, namespace))

@@ -24,7 +24,6 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from application.database import Database  # noqa: E402
 from tests.benchmarks import bench_http, bench_load, bench_logs, bench_throughput  # noqa: E402
 from tests.benchmarks.bench_throughput import Config  # noqa: E402
 from tests.benchmarks.suite import (  # noqa: E402
@@ -37,6 +36,7 @@ from tests.benchmarks.suite import (  # noqa: E402
     table,
     write_report,
 )
+from turnlog.application.database import Database  # noqa: E402
 
 FigureFn = Callable[[Database, Config], Figure]
 

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.conftest import ROOT, drop_namespace
 from tests.fault.cluster import Cluster, Process, free_port, poll
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 SCREENSHOTS = (
     ROOT / "docs" / "screenshots"

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.browser.conftest import Locator, Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster, poll, worker_pid
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 APPEND = '/tool append_file {"path": "x.txt", "text": "t", "delay_seconds": 5}'
 

@@ -8,12 +8,12 @@ from uuid import UUID
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
-from interface.bootstrap import build_runtime
 from tests.api.conftest import interrupt_a_turn, run_queued_turn
 from tests.browser.conftest import Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import build_runtime
 
 # title → who asked for it (each is left in a different state below)
 SESSIONS = {

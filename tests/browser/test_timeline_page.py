@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.browser.conftest import Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 
 @pytest.fixture(scope="module")

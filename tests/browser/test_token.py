@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.browser.conftest import Page, Request, Server, expect, serve
 from tests.fault.cluster import cluster
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 TOKEN = "tok-browser-51c9e0"
 TITLE = "Payroll export for March"

@@ -19,10 +19,10 @@ import httpx
 import psycopg
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.conftest import ROOT, turnlog_env
 from tests.e2e.test_serve import free_port, wait_ready
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
@@ -55,7 +55,7 @@ def test_a_role_holds_its_pool_and_the_connections_the_guide_counts(
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "interface", "serve", "--port", str(port), "--role", role],
+            [sys.executable, "-m", "turnlog", "serve", "--port", str(port), "--role", role],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=turnlog_env(settings, PGAPPNAME=app_name),

@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from application.settings import Settings
 from tests.conftest import ROOT, turnlog_env
 from tests.e2e.test_serve import free_port, wait_ready
 from tests.openai_stub import StubOpenAI, reply, tool_calls
 from tests.unit.test_docker import LONG_RUNNING, exec_form, instructions, services
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
@@ -51,7 +51,7 @@ def serve(settings: Settings, log: Path, stub: StubOpenAI) -> tuple[subprocess.P
     port = free_port()
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "interface", "serve", "--port", str(port)],
+            [sys.executable, "-m", "turnlog", "serve", "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from application.runtime import Runtime
-from application.settings import Settings
 from tests.fault.cluster import Process, free_port, poll
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 

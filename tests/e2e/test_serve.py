@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from application.settings import Settings
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, turnlog, turnlog_env
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
@@ -37,7 +37,7 @@ def server(
     port = free_port()
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "interface", "serve", "--port", str(port), *args],
+            [sys.executable, "-m", "turnlog", "serve", "--port", str(port), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=turnlog_env(settings),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import socket
 import time
 
-from application.database import Database
-from application.settings import Settings
-from application.worker import list_workers
 from tests.conftest import turnlog
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
+from turnlog.application.worker import list_workers
 
 
 def test_a_busy_port_is_refused_before_a_worker_or_runner_starts(

@@ -28,8 +28,6 @@ from typing import Any
 import httpx
 import psycopg
 
-from projections.catalog import read_models
-from projections.status import lock_holder
 from tests.conftest import turnlog
 from tests.fault.cluster import Cluster, Process, poll
 from tests.fault.record import (
@@ -44,6 +42,8 @@ from tests.fault.record import (
     recovered,
     takeover_latencies,
 )
+from turnlog.projections.catalog import read_models
+from turnlog.projections.status import lock_holder
 
 FINISHED = {"completed", "failed", "interrupted", "abandoned"}
 RETRYABLE = {502, 503, 504}

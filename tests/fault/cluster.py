@@ -21,10 +21,10 @@ import httpx
 import psycopg
 from psycopg import sql
 
-from application.database import Database
-from application.leases import session_lock_key
-from application.settings import Settings
 from tests.conftest import ROOT, raw_events, turnlog_env
+from turnlog.application.database import Database
+from turnlog.application.leases import session_lock_key
+from turnlog.application.settings import Settings
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class Process:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "interface", *args],
+            [sys.executable, "-m", "turnlog", *args],
             env=turnlog_env(settings, **env),
             cwd=ROOT,
             stdout=self._log,

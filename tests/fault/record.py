@@ -20,9 +20,9 @@ import psycopg
 from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
-from application.database import Database
-from application.settings import Settings
 from tests.fault.cluster import worker_pid
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 EFFECTS_FILE = "effects.txt"
 ENDINGS = {
@@ -60,7 +60,7 @@ class Record:
     """The namespace's events, read incrementally and decoded by the application's mapper."""
 
     def __init__(self, settings: Settings, database: Database) -> None:
-        from interface.bootstrap import open_sessions
+        from turnlog.interface.bootstrap import open_sessions
 
         self.settings = settings
         self.database = database

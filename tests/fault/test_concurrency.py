@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from application.database import Database
 from tests.conftest import raw_events
 from tests.fault.cluster import Cluster, cluster, poll, shared_namespace
 from tests.fault.record import Record, check
+from turnlog.application.database import Database
 
 pytestmark = pytest.mark.fault
 
@@ -102,7 +102,7 @@ def _finish_by_hand(c: Cluster, session_id: str, turn_id: str) -> None:
     """Complete the queued turn the way a worker would, in this process."""
     from uuid import UUID
 
-    from interface.bootstrap import build_runtime
+    from turnlog.interface.bootstrap import build_runtime
 
     runtime = build_runtime(c.settings)
     try:
@@ -151,8 +151,8 @@ def _interrupted(c: Cluster, url: str) -> tuple[str, str, str]:
     """A session whose turn is interrupted with one unknown call: (session, turn, call)."""
     from uuid import UUID
 
-    from interface.bootstrap import build_runtime
     from tests.api.conftest import interrupt_a_turn
+    from turnlog.interface.bootstrap import build_runtime
 
     sid = httpx.post(f"{url}/v1/sessions", json={}).json()["session_id"]
     runtime = build_runtime(c.settings)

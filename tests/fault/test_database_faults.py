@@ -26,14 +26,14 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from application.database import Database
-from application.settings import Settings
-from interface.http import create_app
 from tests.api.conftest import FAST, live_server
 from tests.fault.campaign import Workload
 from tests.fault.cluster import Cluster, Process, cluster, poll, shared_namespace
 from tests.fault.proxy import Proxy
 from tests.fault.record import Record, check, final_state
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
 
 pytestmark = pytest.mark.fault
 

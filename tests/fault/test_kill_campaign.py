@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.fault.campaign import Campaign
 from tests.fault.cluster import cluster
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 

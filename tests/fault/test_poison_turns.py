@@ -11,13 +11,13 @@ import time
 
 from fastapi.testclient import TestClient
 
-from application.providers import FixtureProvider, ModelReply, ProviderRegistry
-from application.runtime import Runtime
-from application.settings import Settings
-from domain.request import ModelRequest
-from interface.http import create_app
 from tests.conftest import raw_events
 from tests.fault.cluster import poll
+from turnlog.application.providers import FixtureProvider, ModelReply, ProviderRegistry
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain.request import ModelRequest
+from turnlog.interface.http import create_app
 
 
 class CrashingProvider:

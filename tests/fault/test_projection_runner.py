@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from application.runtime import Runtime
-from application.settings import Settings
-from projections import ProjectionSupervisor, ReadModels, read_models
-from projections.rebuild import rebuild, verify
 from tests.conftest import spawn_turnlog
 from tests.histories import bulk_history
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
+from turnlog.projections.rebuild import rebuild, verify
 
 pytestmark = pytest.mark.fault
 

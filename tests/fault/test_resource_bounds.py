@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.fault.cluster import Cluster, cluster, poll
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from application.settings import Settings
 from tests.conftest import turnlog
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 

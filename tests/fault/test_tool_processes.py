@@ -21,13 +21,13 @@ from uuid import UUID
 
 import pytest
 
-from application.database import Database
-from application.processes import GATE_NAME, kill_group
-from application.runtime import Runtime
-from application.settings import Settings
-from domain.turns import ToolProcess
-from interface.bootstrap import build_runtime
 from tests.conftest import ROOT, raw_events, turnlog_env
+from turnlog.application.database import Database
+from turnlog.application.processes import GATE_NAME, kill_group
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain.turns import ToolProcess
+from turnlog.interface.bootstrap import build_runtime
 
 pytestmark = pytest.mark.fault
 
@@ -58,7 +58,7 @@ def leftovers(rt: Runtime) -> Iterator[list[UUID]]:
 
 def turnlog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "interface", *args],
+        [sys.executable, "-m", "turnlog", *args],
         capture_output=True,
         text=True,
         env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),
@@ -101,7 +101,7 @@ def kill_worker_mid_sleep(
 ) -> ToolProcess:
     """Run `sleep 30` in a `turnlog sessions send` process, SIGKILL that process mid-command."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "interface", "sessions", "send", str(session_id), SLEEP],
+        [sys.executable, "-m", "turnlog", "sessions", "send", str(session_id), SLEEP],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.conftest import raw_events, spawn_turnlog, turnlog
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
@@ -191,4 +191,4 @@ def test_unknown_session_and_bad_messages_are_refused_with_clear_errors(
 def _cmd() -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "interface"]
+    return [sys.executable, "-m", "turnlog"]

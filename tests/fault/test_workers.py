@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from application.database import Database
-from application.settings import Settings
 from tests.fault.cluster import Cluster, cluster, poll, worker_pid
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 

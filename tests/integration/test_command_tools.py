@@ -19,17 +19,17 @@ from uuid import UUID
 
 import pytest
 
-from application.command_tools import load_tools_file
-from application.database import Database
-from application.errors import ConfigurationError, LeaseLost
-from application.processes import identify, is_alive, kill_group, proc_stat, run_command
-from application.runtime import Runtime
-from application.settings import Settings
-from domain import errors as domain_errors
-from domain.session import Session
-from domain.turns import Effect, ToolProcess
-from interface.bootstrap import build_runtime, build_tools
 from tests.conftest import ROOT, raw_events, turnlog_env
+from turnlog.application.command_tools import load_tools_file
+from turnlog.application.database import Database
+from turnlog.application.errors import ConfigurationError, LeaseLost
+from turnlog.application.processes import identify, is_alive, kill_group, proc_stat, run_command
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain import errors as domain_errors
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect, ToolProcess
+from turnlog.interface.bootstrap import build_runtime, build_tools
 
 TOOLS_TOML = """
 [[tools]]
@@ -187,7 +187,7 @@ def test_a_tool_declared_in_a_file_is_listed_and_callable(
     tools_file = tmp_path / "tools.toml"
     tools_file.write_text(TOOLS_TOML)
     listed = subprocess.run(
-        [sys.executable, "-m", "interface", "tools", "list", "--json"],
+        [sys.executable, "-m", "turnlog", "tools", "list", "--json"],
         capture_output=True,
         text=True,
         env=turnlog_env(settings, TURNLOG_TOOLS_FILE=str(tools_file)),
@@ -291,7 +291,7 @@ def test_a_bad_tools_file_stops_the_command_at_start_up(settings: Settings, tmp_
         )
     )
     done = subprocess.run(
-        [sys.executable, "-m", "interface", "sessions", "list"],
+        [sys.executable, "-m", "turnlog", "sessions", "list"],
         capture_output=True,
         text=True,
         env=turnlog_env(settings, TURNLOG_TOOLS_FILE=str(tools_file)),

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from application.leases import Lease
-from application.runtime import Runtime
-from domain.turns import Effect
+from turnlog.application.leases import Lease
+from turnlog.application.runtime import Runtime
+from turnlog.domain.turns import Effect
 
 
 class Recording:

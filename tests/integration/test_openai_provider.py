@@ -21,16 +21,16 @@ import pytest
 from psycopg import sql
 from pydantic import SecretStr
 
-from application.database import Database
-from application.errors import LeaseLost
-from application.openai_provider import OpenAIConfig, OpenAIProvider
-from application.recovery import Decision
-from application.runtime import Runtime
-from application.settings import Settings
-from domain.request import ModelRequest
-from interface.bootstrap import build_runtime
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.openai_stub import HANG, StubOpenAI, raw, reply, status, tool_calls
+from turnlog.application.database import Database
+from turnlog.application.errors import LeaseLost
+from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
+from turnlog.application.recovery import Decision
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.domain.request import ModelRequest
+from turnlog.interface.bootstrap import build_runtime
 
 KEY = "sk-test-7f3a9c1e-do-not-store"
 SYSTEM = "You are terse."
@@ -382,7 +382,7 @@ def spawn_send(settings: Settings, session_id: UUID, message: str) -> subprocess
         TURNLOG_OPENAI_RETRY_BACKOFF="0.01",
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "interface", "sessions", "send", str(session_id), message],
+        [sys.executable, "-m", "turnlog", "sessions", "send", str(session_id), message],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

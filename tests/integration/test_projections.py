@@ -7,13 +7,18 @@ from typing import Any
 
 import pytest
 
-from application.errors import InvalidCursor, InvalidQuery, ProjectionBusy, UnknownProjection
-from application.runtime import Runtime
-from application.settings import Settings
-from projections import ProjectionSupervisor, ReadModels, read_models
-from projections.audit import disagreements
-from projections.rebuild import holding_locks, rebuild, verify
 from tests.histories import WORKER, Scripted, scripted_history
+from turnlog.application.errors import (
+    InvalidCursor,
+    InvalidQuery,
+    ProjectionBusy,
+    UnknownProjection,
+)
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
+from turnlog.projections.audit import disagreements
+from turnlog.projections.rebuild import holding_locks, rebuild, verify
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from application.runtime import Runtime
-from application.settings import Settings
-from projections import ReadModels, read_models
-from projections.rebuild import rebuild
 from tests.conftest import turnlog
 from tests.histories import scripted_history
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.projections import ReadModels, read_models
+from turnlog.projections.rebuild import rebuild
 
 
 def all_rows(read: ReadModels) -> dict[str, list[dict[str, Any]]]:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from eventsourcing.persistence import Tracking
 
-from application.sessions import Sessions
-from projections import read_models
-from projections.audit import disagreements
 from tests.histories import bulk_session
+from turnlog.application.sessions import Sessions
+from turnlog.projections import read_models
+from turnlog.projections.audit import disagreements
 
 
 @pytest.mark.parametrize("index", range(6))

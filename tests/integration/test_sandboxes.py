@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from application.runtime import Runtime
-from application.sandboxes import Sandboxes
+from turnlog.application.runtime import Runtime
+from turnlog.application.sandboxes import Sandboxes
 
 
 def test_gc_removes_only_sandboxes_of_closed_sessions_and_never_unknown_directories(

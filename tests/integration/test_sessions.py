@@ -8,14 +8,14 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from application.errors import ConcurrentModification, InvalidNamespace, SessionNotFound
-from application.runtime import Runtime
-from application.sessions import Sessions
-from application.settings import Settings
-from domain import errors
-from domain.session import Session
-from interface.bootstrap import build_runtime
 from tests.conftest import raw_events
+from turnlog.application.errors import ConcurrentModification, InvalidNamespace, SessionNotFound
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import Sessions
+from turnlog.application.settings import Settings
+from turnlog.domain import errors
+from turnlog.domain.session import Session
+from turnlog.interface.bootstrap import build_runtime
 
 
 def new_session(rt: Runtime, **fields: object) -> Session:
@@ -112,7 +112,7 @@ def test_two_namespaces_never_see_each_others_sessions(
 
 
 def test_an_invalid_namespace_is_refused_before_any_sql_runs(database: object) -> None:
-    from application.database import create_schema
+    from turnlog.application.database import create_schema
 
     with pytest.raises(ValueError, match="invalid namespace"):
         Settings(namespace="Robert'); DROP TABLE x;--")
@@ -210,6 +210,6 @@ def test_snapshots_keep_loading_short_and_equal_to_a_full_replay(
 
 
 def _env(rt: Runtime) -> dict[str, str]:
-    from application.database import library_env
+    from turnlog.application.database import library_env
 
     return library_env(rt.db, rt.settings, create_table=False)

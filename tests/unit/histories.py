@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from domain.errors import DomainError
-from domain.session import Session
-from domain.turns import Effect
+from turnlog.domain.errors import DomainError
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect
 
 WORKER = "worker-a"
 OTHER_WORKER = "worker-b"

@@ -22,10 +22,10 @@ import pytest
 import typer.main
 import yaml
 
-from application.settings import Settings
-from interface.cli import app as cli_app
-from interface.http import create_app
-from interface.roles import Role
+from turnlog.application.settings import Settings
+from turnlog.interface.cli import app as cli_app
+from turnlog.interface.http import create_app
+from turnlog.interface.roles import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -228,7 +228,7 @@ def test_the_image_is_a_multi_stage_build_on_python_slim_run_as_a_user() -> None
 def test_the_entrypoint_is_the_turnlog_script_and_the_default_command_is_real() -> None:
     [entrypoint] = instructions("ENTRYPOINT")
     assert exec_form(entrypoint) == ["turnlog"]
-    assert 'turnlog = "interface.cli:entrypoint"' in (ROOT / "pyproject.toml").read_text()
+    assert 'turnlog = "turnlog.interface.cli:entrypoint"' in (ROOT / "pyproject.toml").read_text()
     [cmd] = instructions("CMD")
     resolve(exec_form(cmd))
 
@@ -274,13 +274,14 @@ def test_the_build_stage_makes_a_wheel_with_every_module_template_and_the_script
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt")))
         metadata = archive.read(next(n for n in names if n.endswith("/METADATA"))).decode()
     shipped = {
-        p.relative_to(source).as_posix()
+        f"turnlog/{p.relative_to(source).as_posix()}"
         for package in PACKAGES
         for p in (source / package).rglob("*")
         if p.is_file()
     }
     assert shipped - names == set(), "files the packages hold but the wheel lacks"
-    assert b"turnlog = interface.cli:entrypoint" in entry_points
+    assert b"turnlog = turnlog.interface.cli:entrypoint" in entry_points
+    assert not [n for n in names if n.split("/")[0] in PACKAGES], "a bare layer package shipped"
     runtime_requirements = [
         line for line in metadata.splitlines() if line.startswith("Requires-Dist:")
     ]
@@ -313,7 +314,11 @@ def _copy_context(source: Path, dest: Path) -> None:
         return
     for path in source.rglob("*"):
         relative = path.relative_to(ROOT).as_posix()
-        if path.is_file() and not ignored(relative):
+        if path.is_symlink():  # turnlog/<layer> → ../<layer>: COPY keeps links as links
+            out = dest / path.relative_to(source)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.symlink_to(path.readlink())
+        elif path.is_file() and not ignored(relative):
             out = dest / path.relative_to(source)
             out.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, out)

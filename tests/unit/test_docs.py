@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from application.settings import settings_reference
+from turnlog.application.settings import settings_reference
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

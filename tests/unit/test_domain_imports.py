@@ -10,7 +10,7 @@ import pytest
 
 DOMAIN = Path(__file__).resolve().parents[2] / "domain"
 
-ALLOWED_PACKAGES = ("domain", "eventsourcing.domain", "eventsourcing.utils", "pydantic")
+ALLOWED_PACKAGES = ("turnlog.domain", "eventsourcing.domain", "eventsourcing.utils", "pydantic")
 
 # Standard-library modules that reach the file system, processes, the network or
 # the clock of the machine: a pure model has no business with them.
@@ -95,7 +95,9 @@ def test_the_domain_imports_only_the_stdlib_eventsourcing_domain_and_itself() ->
         "from eventsourcing.persistence import IntegrityError",
         "from eventsourcing import persistence",
         "from eventsourcing.application import Application",
-        "from application.tools import Effect",
+        "from turnlog.application.tools import Effect",
+        "from domain.turns import Turn",
+        "import turnlog.interface",
         "import interface",
         "def f():\n    import httpx",
         "if True:\n    from projections import views",
@@ -116,7 +118,7 @@ def test_the_check_catches_a_forbidden_import(source: str) -> None:
         "from eventsourcing import domain",
         "from eventsourcing.utils import register_topic",
         "from pydantic import BaseModel",
-        "from domain.turns import Turn",
+        "from turnlog.domain.turns import Turn",
         "from . import errors",
     ],
 )

@@ -27,7 +27,8 @@ def imports_of(package: str) -> dict[str, set[str]]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if "." in node.module:  # `from application import x` names only x
+                # `from turnlog.application import x` names only x
+                if "." in node.module.removeprefix("turnlog."):
                     names.add(node.module)
                 names.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
@@ -37,7 +38,21 @@ def imports_of(package: str) -> dict[str, set[str]]:
 
 
 def ours(name: str, package: str) -> bool:
-    return name == package or name.startswith(package + ".")
+    qualified = f"turnlog.{package}"
+    return name == qualified or name.startswith(qualified + ".")
+
+
+def test_no_module_imports_a_layer_by_its_bare_folder_name() -> None:
+    """Everything is imported as ``turnlog.<layer>``: a bare ``domain`` would load twice."""
+    for package in ("domain", "application", "projections", "interface"):
+        for path, names in imports_of(package).items():
+            bare = {
+                n
+                for n in names
+                for p in ("domain", "application", "projections", "interface")
+                if n == p or n.startswith(p + ".")
+            }
+            assert not bare, f"{path} imports a bare layer name: {sorted(bare)}"
 
 
 def test_the_application_never_imports_projections_or_the_interface() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from application.log_context import bound, current
-from application.settings import Settings
-from interface.logs import REDACTED, build_handler, secrets_of
+from turnlog.application.log_context import bound, current
+from turnlog.application.settings import Settings
+from turnlog.interface.logs import REDACTED, build_handler, secrets_of
 
 TOKEN = "tok-3f9a-very-secret"
 KEY = "sk-test-0123456789abcdef"

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, generate_latest
 
-from application.observer import Observer, Unobserved
-from interface.metrics import ExecutionMetrics, MetricsServer, pool_metrics
+from turnlog.application.observer import Observer, Unobserved
+from turnlog.interface.metrics import ExecutionMetrics, MetricsServer, pool_metrics
 
 
 def render(registry: CollectorRegistry) -> str:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from application.settings import Settings
-from interface.http import create_app
-from interface.roles import Role
 from tests.unit.test_docker import resolve
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
+from turnlog.interface.roles import Role
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md"]

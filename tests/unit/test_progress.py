@@ -6,9 +6,6 @@ from typing import Any
 
 import pytest
 
-from domain.progress import Action, NextStep, next_step
-from domain.session import Session
-from domain.turns import MAX_TOOL_ATTEMPTS, Effect
 from tests.unit.histories import (
     OPERATOR,
     a_call,
@@ -22,6 +19,9 @@ from tests.unit.histories import (
     an_abandoned_turn,
     an_interrupted_turn,
 )
+from turnlog.domain.progress import Action, NextStep, next_step
+from turnlog.domain.session import Session
+from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect
 
 MAX_STEPS = 3
 

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from application.providers import (
+from tests.unit.histories import WORKER, a_completed_turn, a_running_turn, a_session
+from turnlog.application.providers import (
     FixtureProvider,
     ModelReply,
     ProviderError,
     ProviderRegistry,
 )
-from domain.request import Message, ModelRequest, next_request
-from domain.turns import Effect
-from tests.unit.histories import WORKER, a_completed_turn, a_running_turn, a_session
+from turnlog.domain.request import Message, ModelRequest, next_request
+from turnlog.domain.turns import Effect
 
 provider = FixtureProvider()
 

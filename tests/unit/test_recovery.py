@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from application.recovery import Decision, Verdict, decide, summarize
-from domain.session import Session
-from domain.turns import MAX_TOOL_ATTEMPTS, Effect
 from tests.unit.histories import (
     OPERATOR,
     WORKER,
@@ -16,6 +13,9 @@ from tests.unit.histories import (
     a_started_call,
     an_interrupted_turn,
 )
+from turnlog.application.recovery import Decision, Verdict, decide, summarize
+from turnlog.domain.session import Session
+from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect
 
 MAX_STEPS = 8
 

@@ -5,14 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from domain.request import (
-    PLACEHOLDER_ABANDONED,
-    PLACEHOLDER_UNKNOWN,
-    Message,
-    next_request,
-)
-from domain.session import Session
-from domain.turns import Effect
 from tests.unit.histories import (
     OPERATOR,
     WORKER,
@@ -24,6 +16,14 @@ from tests.unit.histories import (
     a_started_call,
     an_interrupted_turn,
 )
+from turnlog.domain.request import (
+    PLACEHOLDER_ABANDONED,
+    PLACEHOLDER_UNKNOWN,
+    Message,
+    next_request,
+)
+from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect
 
 
 def roles(messages: tuple[Message, ...]) -> list[str]:

@@ -9,9 +9,6 @@ from typing import Any
 import pytest
 from eventsourcing.utils import get_topic, resolve_topic
 
-from domain import errors
-from domain.session import Session
-from domain.turns import MAX_MESSAGE_BYTES, MAX_TOOL_ATTEMPTS, CallState, Effect, TurnState
 from tests.unit.histories import (
     OPERATOR,
     OTHER_WORKER,
@@ -30,6 +27,9 @@ from tests.unit.histories import (
     recorded,
     refuse,
 )
+from turnlog.domain import errors
+from turnlog.domain.session import Session
+from turnlog.domain.turns import MAX_MESSAGE_BYTES, MAX_TOOL_ATTEMPTS, CallState, Effect, TurnState
 
 # ------------------------------------------------------------------ starting
 

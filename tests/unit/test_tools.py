@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from application.tools import (
+from turnlog.application.tools import (
     MAX_SLEEP_SECONDS,
     FunctionTool,
     ToolContext,
@@ -18,7 +18,7 @@ from application.tools import (
     check_arguments,
     result_summary,
 )
-from domain.turns import Effect
+from turnlog.domain.turns import Effect
 
 registry = ToolRegistry(builtin_tools())
 

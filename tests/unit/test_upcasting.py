@@ -19,7 +19,7 @@ from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import register_topic, resolve_topic
 
-from domain.session import Session
+from turnlog.domain.session import Session
 
 
 class Note(Aggregate):

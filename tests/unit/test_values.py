@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from domain import errors
-from domain.values import MAX_DEPTH, check_storable, storable_text
-from projections.rows import Rows, Table, storable
+from turnlog.domain import errors
+from turnlog.domain.values import MAX_DEPTH, check_storable, storable_text
+from turnlog.projections.rows import Rows, Table, storable
 
 TABLE = Table(
     columns=(("session_id", "text"), ("call_id", "text"), ("tool", "text"), ("ids", "text[]")),

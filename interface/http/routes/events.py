@@ -8,11 +8,11 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from application.errors import SessionNotFound
-from interface.http.deps import HistoryDep, StateDep
-from interface.http.schemas import EventOut, EventsPage, problems
-from interface.http.streams import EventStreamResponse, follow
-from interface.problems import InvalidRequest
+from turnlog.application.errors import SessionNotFound
+from turnlog.interface.http.deps import HistoryDep, StateDep
+from turnlog.interface.http.schemas import EventOut, EventsPage, problems
+from turnlog.interface.http.streams import EventStreamResponse, follow
+from turnlog.interface.problems import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["events"])
 

@@ -8,9 +8,9 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
-from application.worker import list_workers
-from interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
-from interface.http.schemas import (
+from turnlog.application.worker import list_workers
+from turnlog.interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
+from turnlog.interface.http.schemas import (
     OpenTurnRow,
     OpenTurnsSummaryOut,
     Page,
@@ -22,7 +22,7 @@ from interface.http.schemas import (
     WorkersOut,
     problems,
 )
-from projections.activity import (
+from turnlog.projections.activity import (
     MAX_BUCKETS,
     MAX_WINDOW_SECONDS,
     open_turn_summary,

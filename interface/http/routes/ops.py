@@ -6,9 +6,9 @@ import psycopg
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from interface.http.deps import StateDep
-from interface.http.schemas import HealthOut, ReadyOut, problems
-from interface.problems import NotReady
+from turnlog.interface.http.deps import StateDep
+from turnlog.interface.http.schemas import HealthOut, ReadyOut, problems
+from turnlog.interface.problems import NotReady
 
 router = APIRouter(tags=["operations"])
 

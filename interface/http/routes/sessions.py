@@ -8,11 +8,11 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from application.idempotency import start_session_once
-from application.runtime import Runtime
-from application.sessions import Written
-from application.views import describe_session
-from interface.http.deps import (
+from turnlog.application.idempotency import start_session_once
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import Written
+from turnlog.application.views import describe_session
+from turnlog.interface.http.deps import (
     IdempotencyKey,
     MinPosition,
     ReadModelsDep,
@@ -21,7 +21,7 @@ from interface.http.deps import (
     StateDep,
     caught_up,
 )
-from interface.http.schemas import (
+from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
     Page,
@@ -30,7 +30,7 @@ from interface.http.schemas import (
     SessionWritten,
     problems,
 )
-from interface.problems import InvalidRequest
+from turnlog.interface.problems import InvalidRequest
 
 router = APIRouter(prefix="/v1", tags=["sessions"])
 

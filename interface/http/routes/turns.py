@@ -8,9 +8,15 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
-from application.sessions import Submitted
-from interface.http.deps import HistoryDep, IdempotencyKey, RuntimeDep, SessionsDep, StateDep
-from interface.http.schemas import (
+from turnlog.application.sessions import Submitted
+from turnlog.interface.http.deps import (
+    HistoryDep,
+    IdempotencyKey,
+    RuntimeDep,
+    SessionsDep,
+    StateDep,
+)
+from turnlog.interface.http.schemas import (
     AbandonTurnRequest,
     ResolveToolCallRequest,
     SubmitTurnRequest,
@@ -18,7 +24,7 @@ from interface.http.schemas import (
     TurnWritten,
     problems,
 )
-from interface.http.waiting import turn_view, until_finished
+from turnlog.interface.http.waiting import turn_view, until_finished
 
 router = APIRouter(prefix="/v1", tags=["turns"])
 
