@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from rich.markup import escape
 from rich.table import Table
 
+from turnlog import __version__
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
@@ -110,9 +111,21 @@ def default_actor() -> str:
         return "cli"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"turnlog {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
     namespace: Annotated[
         str | None, typer.Option(help="Namespace (env TURNLOG_NAMESPACE).")
     ] = None,

@@ -24,6 +24,9 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Histogram,
@@ -245,7 +248,14 @@ def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
 
 
 def register_process_metrics(registry: CollectorRegistry, parts: Parts) -> ExecutionMetrics:
-    """Add the execution, runtime and read-model metrics of ``parts`` to ``registry``."""
+    """Add the execution, runtime and read-model metrics of ``parts`` to ``registry``.
+
+    Also the client library's default collectors (``process_*``: CPU, memory,
+    open files; ``python_*``: version, garbage collection), which a registry
+    of its own does not get unless asked.
+    """
+    for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(default)
     execution = ExecutionMetrics(registry)
     registry.register(RuntimeCollector(parts))
     registry.register(ReadModelCollector(parts))

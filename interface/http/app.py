@@ -24,6 +24,7 @@ from eventsourcing import persistence
 from fastapi import Depends, FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
+from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.runtime import Runtime
@@ -69,11 +70,14 @@ def create_app(
         streams=streams,
         metrics=Metrics(parts, streams),
     )
-    app = FastAPI(
+    # /docs and /redoc load their scripts and styles from this package's own
+    # files (fastapi-offline), not a CDN: the reference works without internet.
+    app = FastAPIOffline(
         title="turnlog",
         version="1",
         summary="Agent sessions as event streams in PostgreSQL.",
         lifespan=_lifespan,
+        static_url="/docs-assets",
     )
     app.state.turnlog = state
     parts.observer = state.metrics.execution

@@ -89,3 +89,12 @@ def test_the_application_reports_through_its_port_and_never_imports_prometheus()
         modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert not {m for m in modules if m.startswith("prometheus")}, path
+
+
+def test_the_metrics_port_includes_process_and_python_defaults() -> None:
+    parts: Any = SimpleNamespace(runtime=None, worker=None, supervisor=None, read_models=None)
+    server = MetricsServer(parts)
+    text = render(server.registry)
+    assert "process_resident_memory_bytes" in text
+    assert "python_info{" in text
+    assert "python_gc_objects_collected_total" in text
