@@ -33,6 +33,7 @@ from typing import Any
 
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.processes import run_command
+from turnlog.application.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
 from turnlog.application.tools import (
     Tool,
     ToolContext,
@@ -76,14 +77,20 @@ class CommandTool:
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
         argv = render_command(self.command, arguments)
-        result = run_command(
-            argv,
-            cwd=context.sandbox,
-            env=command_env(context),
-            timeout=self.timeout,
-            output_limit=self.output_limit,
-            report=context.report_process,
-        )
+        try:
+            # The working directory is the sandbox opened without following a
+            # link, so a sandbox swapped for a link is refused, not entered.
+            with sandbox_dir(context.sandbox) as fd:
+                result = run_command(
+                    argv,
+                    cwd=descriptor_path(fd, context.sandbox),
+                    env=command_env(context),
+                    timeout=self.timeout,
+                    output_limit=self.output_limit,
+                    report=context.report_process,
+                )
+        except SandboxPathError as exc:
+            raise ToolError(f"{self.spec.name}: the sandbox cannot be entered: {exc}") from None
         if result.timed_out:
             raise ToolError(
                 f"{self.spec.name}: timed out after {self.timeout:g}s; its process group was "

@@ -11,6 +11,7 @@ after a crash takes exactly the step an uninterrupted run would have taken.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -25,6 +26,7 @@ from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved
 from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
+from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.sessions import Sessions
 from turnlog.application.tools import ToolContext, ToolError, ToolRegistry
 from turnlog.domain import errors as domain_errors
@@ -229,7 +231,10 @@ class Executor:
         report_process: Callable[[ToolProcess], None],
     ) -> ToolContext:
         sandbox = self.sandbox_root / str(session.id)
-        sandbox.mkdir(parents=True, exist_ok=True)
+        # A link in the sandbox's place is refused here and again by every tool
+        # that opens the sandbox (they open it without following links).
+        with contextlib.suppress(SandboxPathError):
+            ensure_sandbox(sandbox)
         return ToolContext(str(session.id), call_id, attempt, sandbox, report_process)
 
     def _timed_invoke(

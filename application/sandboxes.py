@@ -151,10 +151,13 @@ class Sandboxes:
                 actions.append(Action(sid, "killed", target, live.reason))
             # else: it ended on its own between the listing and the kill.
         if sandbox.status == "closed" and not survivors:
-            verb = "would remove" if dry_run else "removed"
+            verb, reason = "would remove" if dry_run else "removed", "the session is closed"
             if not dry_run:
-                shutil.rmtree(sandbox.path)
-            actions.append(Action(sid, verb, str(sandbox.path), "the session is closed"))
+                try:
+                    _remove(self.root, sandbox.path.name)
+                except OSError as exc:  # e.g. a link put in the sandbox's place
+                    verb, reason = "left", f"not removed safely: {exc.strerror or exc}"
+            actions.append(Action(sid, verb, str(sandbox.path), reason))
         return actions
 
 
@@ -192,9 +195,32 @@ def _verdict(call: ToolCall, attempt: int) -> tuple[bool, str]:
 
 
 def _size(path: Path) -> int:
+    """Bytes of the files under ``path``, never following a link (not even ``path`` itself)."""
     total = 0
-    for directory, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):  # removed while we walked
-                total += (Path(directory) / name).lstat().st_size
+    try:
+        root = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        walk = os.fwalk(path.name, dir_fd=root, follow_symlinks=False)
+        for _, _, files, directory in walk:
+            for name in files:
+                with contextlib.suppress(OSError):  # removed while we walked
+                    total += os.stat(name, dir_fd=directory, follow_symlinks=False).st_size
+    finally:
+        os.close(root)
     return total
+
+
+def _remove(root: Path, name: str) -> None:
+    """Remove the sandbox ``name`` under ``root`` relative to root's descriptor.
+
+    ``shutil.rmtree`` with ``dir_fd`` opens each directory relative to its
+    parent and refuses a link in the sandbox's own place, so a sandbox swapped
+    for a link meanwhile removes nothing outside.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        shutil.rmtree(name, dir_fd=fd)
+    finally:
+        os.close(fd)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from turnlog.application.sandbox_files import SandboxPathError, append_line, path_parts
 from turnlog.domain.turns import Effect, ToolProcess
 
 MAX_SLEEP_SECONDS = 300.0
@@ -166,15 +167,20 @@ def _sleep(arguments: dict[str, Any], context: ToolContext) -> Any:
 
 
 def sandbox_path(sandbox: Path, relative: str) -> Path:
-    """Resolve ``relative`` inside ``sandbox``, refusing anything that escapes it."""
-    if not relative or "\x00" in relative or Path(relative).is_absolute():
-        raise ToolError("path must be a non-empty relative path inside the sandbox")
+    """Check ``relative`` names a file inside ``sandbox`` as things are now (refuse early).
+
+    Only a first check, before any delay: the write itself opens the path
+    relative to the sandbox's descriptor without following links
+    (``sandbox_files``), so a directory swapped for a link meanwhile is refused.
+    """
+    try:
+        parts = path_parts(relative)
+    except SandboxPathError as exc:
+        raise ToolError(str(exc)) from None
     root = sandbox.resolve()
-    target = (root / relative).resolve()
-    if target != root and root not in target.parents:
+    target = root.joinpath(*parts).resolve()
+    if root not in target.parents:
         raise ToolError(f"path {relative!r} escapes the session's sandbox")
-    if target == root:
-        raise ToolError("path must name a file inside the sandbox")
     return target
 
 
@@ -182,16 +188,18 @@ def _append_file(arguments: dict[str, Any], context: ToolContext) -> Any:
     delay = float(arguments.get("delay_seconds", 0))
     if not 0 <= delay <= MAX_SLEEP_SECONDS:
         raise ToolError(f"append_file: delay_seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
-    target = sandbox_path(context.sandbox, str(arguments["path"]))
+    relative = str(arguments["path"])
+    sandbox_path(context.sandbox, relative)
     text = str(arguments["text"])
     # The delay comes before the write, so a test can kill the worker mid-call
     # and prove the write happened at most once.
     time.sleep(delay)
-    target.parent.mkdir(parents=True, exist_ok=True)
     line = text if text.endswith("\n") else text + "\n"
-    with target.open("a", encoding="utf-8") as handle:
-        handle.write(line)
-    return {"path": str(target.relative_to(context.sandbox.resolve())), "bytes": len(line.encode())}
+    try:
+        stored = append_line(context.sandbox, relative, line)
+    except SandboxPathError as exc:
+        raise ToolError(f"append_file: {exc}") from None
+    return {"path": stored, "bytes": len(line.encode())}
 
 
 def _object(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:

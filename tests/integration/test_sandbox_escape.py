@@ -1,0 +1,185 @@
+"""No tool writes, runs or removes anything outside its sandbox, even when links appear meanwhile.
+
+Sandboxes are siblings and every command tool runs as the server's user, so
+any session's shell (or a local process) can replace a directory of another
+sandbox with a symbolic link while a tool is between its check and its
+write. These tests make that swap for real and look at the file system.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from turnlog.application import tools as tools_module
+from turnlog.application.command_tools import shell_tool
+from turnlog.application.runtime import Runtime
+from turnlog.application.sandboxes import Sandboxes, _size
+from turnlog.application.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
+
+registry = ToolRegistry(builtin_tools())
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> tuple[Path, Path]:
+    """A sandbox under its root, and a directory outside that no tool may touch."""
+    sandbox = tmp_path / "sandboxes" / "ns" / "s1"
+    sandbox.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    return sandbox, outside
+
+
+def _context(sandbox: Path) -> ToolContext:
+    return ToolContext(session_id="s1", call_id="c1", attempt=1, sandbox=sandbox)
+
+
+def _append(sandbox: Path, arguments: dict[str, Any]) -> Any:
+    tool = registry.get("append_file")
+    assert tool is not None
+    return tool.run(arguments, _context(sandbox))
+
+
+def _swap_during_delay(monkeypatch: pytest.MonkeyPatch, swap: Any) -> list[float]:
+    """Make the swap happen inside append_file's delay (after its check), then really wait."""
+    real_sleep = tools_module.time.sleep
+    delays: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        swap()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(tools_module.time, "sleep", sleep)
+    return delays
+
+
+def test_a_directory_swapped_for_a_link_during_the_delay_is_not_followed(
+    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox, outside = layout
+    (sandbox / "notes").mkdir()
+
+    def swap() -> None:
+        shutil.rmtree(sandbox / "notes")
+        (sandbox / "notes").symlink_to(outside)
+
+    delays = _swap_during_delay(monkeypatch, swap)
+    with pytest.raises(ToolError, match="escapes the session's sandbox"):
+        _append(sandbox, {"path": "notes/a.txt", "text": "x", "delay_seconds": 0.05})
+
+    assert delays == [0.05]  # the swap happened after the check, during the delay
+    assert list(outside.iterdir()) == []
+
+
+def test_the_sandbox_itself_swapped_for_a_link_during_the_delay_is_not_followed(
+    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox, outside = layout
+
+    def swap() -> None:
+        sandbox.rmdir()
+        sandbox.symlink_to(outside)
+
+    _swap_during_delay(monkeypatch, swap)
+    with pytest.raises(ToolError, match="escapes the session's sandbox"):
+        _append(sandbox, {"path": "a.txt", "text": "x", "delay_seconds": 0.01})
+
+    assert list(outside.iterdir()) == []
+
+
+def test_a_file_swapped_for_a_link_during_the_delay_is_not_written_through(
+    layout: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox, outside = layout
+    (outside / "target.txt").write_text("")
+
+    def swap() -> None:
+        (sandbox / "a.txt").symlink_to(outside / "target.txt")
+
+    _swap_during_delay(monkeypatch, swap)
+    with pytest.raises(ToolError, match="escapes the session's sandbox"):
+        _append(sandbox, {"path": "a.txt", "text": "x", "delay_seconds": 0.01})
+
+    assert (outside / "target.txt").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/".join(["d"] * 2000), "longer than 1024 characters"),  # 4 KB, 2,000 directories
+        ("/".join(["d"] * 40), "more than 32 components"),
+        ("n" * 300, "longer than 255 bytes"),
+    ],
+)
+def test_a_path_too_long_or_too_deep_is_a_clear_tool_error(
+    path: str, message: str, layout: tuple[Path, Path]
+) -> None:
+    sandbox, _ = layout
+
+    with pytest.raises(ToolError, match=message) as refused:
+        _append(sandbox, {"path": path, "text": "x"})
+
+    assert str(sandbox.parent) not in str(refused.value)
+    assert list(sandbox.iterdir()) == []
+
+
+def test_a_nested_path_is_created_and_written_inside(layout: tuple[Path, Path]) -> None:
+    sandbox, _ = layout
+    deep = "/".join(f"d{i}" for i in range(31)) + "/f.txt"
+
+    result = _append(sandbox, {"path": deep, "text": "x"})
+
+    assert result == {"path": deep, "bytes": 2}
+    assert (sandbox / deep).read_text() == "x\n"
+
+
+def test_a_command_tool_does_not_enter_a_sandbox_swapped_for_a_link(
+    layout: tuple[Path, Path],
+) -> None:
+    sandbox, outside = layout
+    sandbox.rmdir()
+    sandbox.symlink_to(outside)
+    shell = shell_tool(timeout=5, output_limit=1024)
+
+    with pytest.raises(ToolError, match="sandbox cannot be entered"):
+        shell.run({"command": "echo x > written.txt"}, _context(sandbox))
+
+    assert list(outside.iterdir()) == []
+
+
+def test_a_command_tool_runs_in_the_sandbox_it_opened(layout: tuple[Path, Path]) -> None:
+    sandbox, _ = layout
+    shell = shell_tool(timeout=5, output_limit=1024)
+
+    result = shell.run({"command": "pwd -P; echo x > here.txt"}, _context(sandbox))
+
+    assert result["stdout"].strip() == str(sandbox.resolve())
+    assert (sandbox / "here.txt").read_text() == "x\n"
+
+
+def test_gc_never_removes_or_measures_through_a_sandbox_swapped_for_a_link(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    root = runtime.settings.sandbox_root
+    closed = runtime.sessions.create_session().session_id
+    runtime.send(closed, '/tool append_file {"path": "a.txt", "text": "x"}')
+    runtime.sessions.close_session(closed, "finished", "ops")
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    sandboxes = Sandboxes(runtime.sessions, root)
+    [listed] = sandboxes.scan()  # the sandbox is a directory now …
+    shutil.rmtree(root / str(closed))
+    os.symlink(outside, root / str(closed))  # … and a link when gc gets to it
+
+    assert _size(root / str(closed)) == 0  # not the 4 bytes outside
+    [action] = sandboxes._collect(listed, dry_run=False)
+
+    assert action.action == "left" and "not removed safely" in action.reason
+    assert (outside / "keep.txt").read_text() == "keep"
+    assert (root / str(closed)).is_symlink()
