@@ -18,7 +18,6 @@ from uuid import UUID
 import typer
 from pydantic import ValidationError
 from rich.markup import escape
-from rich.table import Table
 
 from turnlog import __version__
 from turnlog.application.errors import ConfigurationError
@@ -32,7 +31,7 @@ from turnlog.interface.cli_sandboxes import sandboxes_app
 from turnlog.interface.cli_tools import tools_app
 from turnlog.interface.demo import demo_app
 from turnlog.interface.serve import serve
-from turnlog.interface.terminal import err, fail, out, refusals
+from turnlog.interface.terminal import err, fail, id_table, out, print_table, refusals
 
 T = TypeVar("T")
 
@@ -55,6 +54,7 @@ app.command("audit")(audit)
 app.command("serve")(serve)
 app.command("worker")(cli_work.worker)
 app.command("check")(cli_work.check)
+app.command("workers")(cli_work.workers)
 
 
 @dataclass
@@ -247,6 +247,7 @@ def sessions_show(
 def sessions_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="How many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List sessions in the order they were created."""
 
@@ -259,10 +260,14 @@ def sessions_list(
             )
         return rows
 
-    table = Table("session", "title", "status", "turns")
-    for row in run(ctx, listing):
-        table.add_row(row["id"], row["title"], row["status"], str(row["turns"]))
-    out.print(table)
+    rows = run(ctx, listing)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = id_table("session", "title", "status", "turns")
+    for row in rows:
+        table.add_row(row["id"], escape(row["title"]), row["status"], str(row["turns"]))
+    print_table(table)
 
 
 # ---------------------------------------------------------------- turns
@@ -350,11 +355,17 @@ def db_init(ctx: typer.Context) -> None:
 
 
 @db_app.command("status")
-def db_status(ctx: typer.Context) -> None:
+def db_status(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
     """Server, version, namespace, event count and last position."""
     from turnlog.application.database import namespace_status
 
     status = run(ctx, lambda rt: namespace_status(rt.db, rt.settings.namespace))
+    if as_json:
+        typer.echo(json.dumps(status, default=str))
+        return
     for key, value in status.items():
         out.print(f"{key:>14}: {value}")
 

@@ -31,7 +31,15 @@ from rich.text import Text
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.interface.terminal import err, fail, out, refusals, stop_on_signals
+from turnlog.interface.terminal import (
+    err,
+    fail,
+    id_table,
+    out,
+    print_table,
+    refusals,
+    stop_on_signals,
+)
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections import audit as audits
 from turnlog.projections.rebuild import rebuild, verify
@@ -132,16 +140,16 @@ def projections_status(
     """Each read model's position, the log head, lag, and whether a runner holds it."""
     rows = _with_read_models(ctx, lambda rt, models: models.status())
     if as_json:
-        out.print_json(json.dumps(rows))
+        typer.echo(json.dumps(rows))
         return
-    table = Table("read model", "position", "head", "lag (events)", "lag (s)", "runner")
+    table = id_table("read model", "position", "head", "lag (events)", "lag (s)", "runner")
     for r in rows:
         lag_s = "?" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
         runner = r["holder"] if r["running"] else "[yellow]none[/]"
         table.add_row(
             r["name"], str(r["position"]), str(r["head"]), str(r["lag_events"]), lag_s, runner
         )
-    out.print(table)
+    print_table(table)
 
 
 class _RateColumn(ProgressColumn):

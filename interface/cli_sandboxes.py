@@ -27,7 +27,7 @@ def sandboxes_list(
 ) -> None:
     """Each session's sandbox: path, size, the session's state and its live tool processes."""
     from turnlog.interface.cli import run
-    from turnlog.interface.terminal import out
+    from turnlog.interface.terminal import print_table
 
     found: list[Sandbox] = run(ctx, lambda rt: _sandboxes(rt).scan())
     if as_json:
@@ -44,7 +44,7 @@ def sandboxes_list(
             for p in s.processes
         )
         table.add_row(s.session_id, s.status, _human(s.size_bytes), pids or "-", str(s.path))
-    out.print(table)
+    print_table(table)
 
 
 @sandboxes_app.command("gc")

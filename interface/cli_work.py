@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
 from turnlog.application.worker import check_open_turns
 from turnlog.interface.metrics import MetricsServer
 from turnlog.interface.roles import OpenTurnsSource, Parts, Role
-from turnlog.interface.terminal import stop_on_signals
+from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
 
-out = Console(highlight=False, soft_wrap=True)
 log = logging.getLogger("turnlog.worker")
 
 
@@ -57,23 +56,58 @@ def worker(
 def check(
     ctx: typer.Context,
     apply: Annotated[bool, typer.Option("--apply", help="Act on the decisions now.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    wait: Annotated[
+        float, typer.Option(min=0, help="Longest wait for a running read-model runner (s).")
+    ] = 10.0,
 ) -> None:
-    """The restart check: every open turn and what recovery does with it."""
+    """The restart check: every open turn and what recovery does with it.
+
+    Open turns are listed by the open_turns read model, brought to the log's
+    head first (here, or by its runner if one is running), so the list is
+    true even when no projections process runs; how far behind it was is said.
+    """
+    from turnlog.projections.catalog import READ_MODELS
+    from turnlog.projections.catch_up import catch_up
     from turnlog.projections.queries import ReadModels
 
     root: Any = ctx.find_root().obj
-    runtime = root.runtime()
-    read_models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
-    verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
-    table = Table("session", "turn", "state", "decision", "detail")
-    for v in verdicts:
-        table.add_row(v.session_id, v.turn_id, v.state, str(v.decision), v.detail)
-    out.print(table)
+    with refusals():
+        runtime = root.runtime()
+        read_models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
+        try:
+            caught = catch_up(
+                read_models.events,
+                runtime.db,
+                runtime.settings.namespace,
+                READ_MODELS["open_turns"],
+                wait,
+            )
+            verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
+        finally:
+            read_models.close()
     from turnlog.application.recovery import summarize
 
-    out.print(summarize(verdicts))
-    if not apply:
+    if as_json and not apply:
+        document = {
+            "open_turns": [v.as_dict() for v in verdicts],
+            "summary": summarize(verdicts),
+            "read_model": caught.as_dict(),
+        }
+        typer.echo(json.dumps(document))
         return
+    style = "" if caught.current else "[yellow]"
+    out.print(f"{style}{escape(caught.describe())}", soft_wrap=True)
+    table = id_table("session", "turn", "state", "decision", "detail", ids=2)
+    for v in verdicts:
+        table.add_row(v.session_id, v.turn_id, v.state, str(v.decision), escape(v.detail))
+    print_table(table)
+    out.print(summarize(verdicts))
+    if apply:
+        _apply(runtime, verdicts)
+
+
+def _apply(runtime: Any, verdicts: list[Any]) -> None:
     from uuid import UUID
 
     from turnlog.application.leases import Lease
@@ -88,3 +122,30 @@ def check(
         with lease:
             done = runtime.recover(UUID(v.session_id), lease)
         out.print(f"{v.session_id}: {done.decision if done else 'nothing open'}")
+
+
+def workers(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Registered workers, newest first: pid, host, heartbeat age, turns held, stopped."""
+    from turnlog.application.worker import list_workers
+
+    root: Any = ctx.find_root().obj
+    with refusals():
+        runtime = root.runtime()
+        rows = list_workers(runtime.db, runtime.settings.namespace)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = id_table("worker", "pid", "host", "heartbeat age (s)", "turns held", "stopped at")
+    for w in rows:
+        table.add_row(
+            w["worker_id"],
+            str(w["pid"]),
+            escape(str(w["host"])),
+            f"{w['heartbeat_age_seconds']:.1f}",
+            f"{w['turns_held']}/{w['concurrency']}",
+            w["stopped_at"] or "-",
+        )
+    print_table(table)

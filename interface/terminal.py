@@ -12,11 +12,38 @@ from typing import NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 
 from turnlog.interface.problems import exit_code_for, problem_for
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def id_table(*headers: str, ids: int = 1) -> Table:
+    """A table whose first ``ids`` columns hold ids: never wrapped, never cut to "…"."""
+    table = Table(*headers)
+    for column in table.columns[:ids]:
+        column.no_wrap = True
+    for column in table.columns[ids:]:
+        column.overflow = "fold"
+    return table
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` no narrower than its ids need, even at 80 columns or into a pipe.
+
+    Rich fits a table to the terminal (80 columns when piped) by cutting cells
+    to "…"; an id cut so cannot be copied into the next command. Wider than
+    the terminal, a line wraps there, but each id stays whole in the text.
+    """
+    needed = Measurement.get(out, out.options.update(width=10_000), table).minimum
+    if needed <= out.width:
+        out.print(table)
+        return
+    # A console's print never goes wider than the console: use a wider one.
+    Console(file=out.file, width=needed, highlight=False, soft_wrap=True).print(table)
 
 
 def fail(code: int, message: str) -> NoReturn:

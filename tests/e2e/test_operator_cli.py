@@ -6,10 +6,18 @@ Real `turnlog` processes on a real PostgreSQL: the version, ids never cut,
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+from typing import Any
+from uuid import UUID
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, raw_events, spawn_turnlog, turnlog
+from tests.fault.cluster import Cluster, poll
+from turnlog.application.database import Database
+from turnlog.application.settings import Settings
 
 
 def test_version_prints_the_installed_version() -> None:
@@ -24,3 +32,108 @@ def test_version_prints_the_installed_version() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"turnlog {__version__}"
+
+
+# ---------------------------------------------------------------- check (1) and ids (7)
+
+APPEND = '/tool append_file {"path": "out.txt", "text": "x", "delay_seconds": 60}'
+
+
+def kill_mid_append(settings: Settings, database: Database) -> str:
+    """A CLI-only session whose `send` was SIGKILLed inside append_file; returns its id."""
+    created = turnlog(settings, "sessions", "new", "--title", "blocked")
+    assert created.returncode == 0, created.stderr
+    session_id = created.stdout.strip()
+    proc = spawn_turnlog(settings, "sessions", "send", session_id, APPEND)
+    try:
+        poll(
+            lambda: any(
+                r[3].startswith("turnlog.session.ToolCallStarted")
+                for r in raw_events(database, settings.namespace, UUID(session_id))
+            ),
+            30,
+            "the call started",
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    return session_id
+
+
+def check_json(settings: Settings) -> dict[str, Any]:
+    done = turnlog(settings, "check", "--json")
+    assert done.returncode == 0, done.stderr
+    document: dict[str, Any] = json.loads(done.stdout)
+    return document
+
+
+def test_check_lists_a_blocked_session_in_the_cli_only_flow_and_says_how_far_behind_it_was(
+    settings: Settings, database: Database
+) -> None:
+    session_id = kill_mid_append(settings, database)
+
+    before = check_json(settings)
+    [turn] = before["open_turns"]
+    assert turn["session_id"] == session_id and turn["decision"] == "interrupt"
+    assert before["read_model"]["behind_events"] > 0  # nothing ran the read model
+    assert before["read_model"]["by"] == "this process" and before["read_model"]["current"]
+
+    refused = turnlog(settings, "sessions", "send", session_id, "next")
+    assert refused.returncode == 3, refused.stderr  # this interrupts the turn
+
+    text = turnlog(settings, "check")  # piped: no terminal, 80 columns by default
+    assert text.returncode == 0, text.stderr
+    assert "event(s) behind" in text.stdout and "caught up by this process" in text.stdout
+    assert session_id in text.stdout, text.stdout  # whole, copyable
+    assert turn["turn_id"] in text.stdout, text.stdout
+    assert "waiting for an operator" in text.stdout
+    assert "1 open turn: 1 waiting for an operator" in text.stdout
+
+
+def test_check_is_true_in_a_split_deployment_with_or_without_its_runner(
+    settings: Settings, database: Database
+) -> None:
+    cluster = Cluster(settings, database)
+    try:
+        cluster.projections()
+        first = kill_mid_append(settings, database)
+        document = check_json(settings)
+        assert [t["session_id"] for t in document["open_turns"]] == [first]
+        assert document["read_model"]["current"]
+        by = document["read_model"]["by"]
+        assert by == "" or by.startswith("its runner (turnlog-projection open_turns"), by
+        for process in cluster.processes:
+            process.signal(signal.SIGTERM)
+            process.wait()
+        # The runner is gone: what happens now is still found.
+        second = kill_mid_append(settings, database)
+        document = check_json(settings)
+        assert {t["session_id"] for t in document["open_turns"]} == {first, second}
+        assert document["read_model"]["by"] == "this process"
+    finally:
+        for process in cluster.processes:
+            process.kill()
+
+
+def test_listings_never_cut_ids_and_all_speak_json(settings: Settings, database: Database) -> None:
+    session_id = kill_mid_append(settings, database)
+    listed = turnlog(settings, "sessions", "list")
+    assert listed.returncode == 0 and session_id in listed.stdout, listed.stdout
+    assert "…" not in listed.stdout
+
+    def as_json(*args: str) -> Any:
+        done = turnlog(settings, *args, "--json")
+        assert done.returncode == 0, (args, done.stderr)
+        return json.loads(done.stdout)
+
+    assert as_json("sessions", "list")[0]["id"] == session_id
+    assert as_json("sessions", "show", session_id)["session_id"] == session_id
+    assert as_json("db", "status")["namespace"] == settings.namespace
+    assert {r["name"] for r in as_json("projections", "status")} == {
+        "sessions",
+        "open_turns",
+        "tool_calls",
+    }
+    assert session_id in {s["session_id"] for s in as_json("sandboxes", "list")}
+    assert as_json("workers") == []
+    assert as_json("check")["open_turns"][0]["session_id"] == session_id
