@@ -112,3 +112,27 @@ def test_audit_pages_the_whole_log_and_refuses_an_unknown_session(
     assert [json.loads(line)["position"] for line in page.stdout.splitlines()] == [2]
     unknown = turnlog(settings, "audit", "--verify", "00000000-0000-0000-0000-000000000001")
     assert unknown.returncode == 4 and "session_not_found" in unknown.stderr
+
+
+def test_audit_verify_says_what_it_could_not_compare_and_strict_fails_on_it(
+    runtime: Runtime, settings: Settings
+) -> None:
+    h = scripted_history(runtime)
+    done = h.sessions["done"]  # no runner ever ran: every read model is at position 0
+
+    lenient = turnlog(settings, "audit", "--verify", str(done))
+    assert lenient.returncode == 0, lenient.stdout + lenient.stderr
+    assert "every read model agrees" not in lenient.stdout
+    assert "3 comparison(s) could not be made" in lenient.stdout
+    for name in ("sessions", "open_turns", "tool_calls"):
+        assert f"not compared: read model {name}: at position 0" in lenient.stdout
+    strict = turnlog(settings, "audit", "--verify", "--strict", str(done))
+    assert strict.returncode == 1, strict.stdout
+
+    read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
+    rebuild(read.events, runtime.db, settings.namespace, read_models())
+    read.close()
+    whole = turnlog(settings, "audit", "--verify", "--strict", str(done))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "every read model agrees" in whole.stdout and "not compared" not in whole.stdout
+    assert "compared: read model open_turns: rows match all" in whole.stdout
