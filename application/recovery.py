@@ -84,19 +84,34 @@ def decide(session: Session, turn: Turn, owner_alive: bool, max_steps: int) -> V
     return verdict(Decision.RESUME)
 
 
-def summarize(verdicts: list[Verdict]) -> str:
-    """One line such as '3 open turns: 1 resumed, 1 re-run, 1 interrupted'."""
+PLANNED = {
+    Decision.START: "to start",
+    Decision.RESUME: "to resume",
+    Decision.RERUN: "to re-run",
+    Decision.INTERRUPT: "to interrupt",
+    Decision.FAIL: "to fail",
+    Decision.LEAVE_OWNER_ALIVE: "left to a live owner",
+    Decision.LEAVE_FOR_OPERATOR: "waiting for an operator",
+}
+DONE = PLANNED | {
+    Decision.START: "started",
+    Decision.RESUME: "resumed",
+    Decision.RERUN: "re-run",
+    Decision.INTERRUPT: "interrupted",
+    Decision.FAIL: "failed",
+}
+
+
+def summarize(verdicts: list[Verdict], done: bool = False) -> str:
+    """One line such as '3 open turns: 1 to resume, 1 to re-run, 1 to interrupt'.
+
+    Decisions are worded as plans ("to interrupt") unless ``done`` says they
+    were carried out ("interrupted"): a check that has not acted yet must not
+    read as if it had.
+    """
     if not verdicts:
         return "0 open turns"
-    words = {
-        Decision.START: "started",
-        Decision.RESUME: "resumed",
-        Decision.RERUN: "re-run",
-        Decision.INTERRUPT: "interrupted",
-        Decision.FAIL: "failed",
-        Decision.LEAVE_OWNER_ALIVE: "left to a live owner",
-        Decision.LEAVE_FOR_OPERATOR: "waiting for an operator",
-    }
+    words = DONE if done else PLANNED
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[words[v.decision]] = counts.get(words[v.decision], 0) + 1

@@ -32,7 +32,7 @@ from turnlog.application.database import Database, bootstrap_lock, connect
 from turnlog.application.errors import ApplicationError, LeaseLost
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
-from turnlog.application.recovery import Verdict, decide, summarize
+from turnlog.application.recovery import DONE, Decision, Verdict, decide, summarize
 from turnlog.application.runtime import Runtime
 from turnlog.domain.errors import DomainError
 from turnlog.domain.session import Session
@@ -62,6 +62,9 @@ class WorkSource(Protocol):
 # Events after which a session may have a turn for a worker to take.
 WORK_TOPICS = [Session.TurnSubmitted.TOPIC, Session.ToolCallResolved.TOPIC]
 
+
+# Decisions about a turn whose owner died (not the start of a queued one): logged when done.
+RECOVERIES = (Decision.RESUME, Decision.RERUN, Decision.INTERRUPT, Decision.FAIL)
 
 BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed unexpectedly
 
@@ -177,9 +180,11 @@ class Worker:
                 (self.worker_id, os.getpid(), socket.gethostname(), self.concurrency),
             )
         verdicts = check_open_turns(self.runtime, self.source)
+        # Decided, not done: the turns are acted on once dispatch takes their
+        # leases, and each recovery is logged again when it has been carried out.
         self.start_summary = summarize(verdicts)
         with bound(worker_id=self.worker_id):
-            log.info("start-up check: %s", self.start_summary)
+            log.info("start-up check decided: %s", self.start_summary)
         for target, name in (
             (self._dispatch, "dispatch"),
             (self._listen, "listen"),
@@ -305,6 +310,13 @@ class Worker:
             while not self._stop.is_set():
                 verdict = self.runtime.recover(session_id, lease, stop=self._stop)
                 self._unbench(str(session_id))  # it went through: no pause next time
+                if verdict is not None and verdict.decision in RECOVERIES:
+                    log.info(
+                        "recovery done: turn %s %s",
+                        verdict.turn_id,
+                        DONE[verdict.decision],
+                        extra=verdict.as_dict(),
+                    )
                 if verdict is None or verdict.decision.startswith("leave"):
                     return
                 # The turn ended (or was interrupted); loop in case another one queued

@@ -139,7 +139,7 @@ def test_a_summary_of_no_open_turns() -> None:
 
 
 def test_a_summary_of_one_open_turn_is_singular() -> None:
-    assert summarize([_verdict(Decision.START)]) == "1 open turn: 1 started"
+    assert summarize([_verdict(Decision.START)]) == "1 open turn: 1 to start"
 
 
 def test_a_summary_counts_each_decision_in_order_of_first_appearance() -> None:
@@ -154,6 +154,10 @@ def test_a_summary_counts_each_decision_in_order_of_first_appearance() -> None:
     ]
 
     assert summarize(verdicts) == (
+        "7 open turns: 2 to resume, 1 to re-run, 1 to interrupt, 1 to fail, "
+        "1 left to a live owner, 1 waiting for an operator"
+    )
+    assert summarize(verdicts, done=True) == (
         "7 open turns: 2 resumed, 1 re-run, 1 interrupted, 1 failed, "
         "1 left to a live owner, 1 waiting for an operator"
     )
