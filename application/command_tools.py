@@ -116,7 +116,9 @@ def command_env(context: ToolContext) -> dict[str, str]:
         "LANG": "C.UTF-8",
         "HOME": str(context.sandbox),
         "TURNLOG_SESSION_ID": context.session_id,
-        "TURNLOG_CALL_ID": context.call_id,  # the call's idempotency key
+        "TURNLOG_CALL_ID": context.call_id,  # the model's id, unique only within the session
+        # Unique across namespaces, sessions and calls; the same when this call is re-run.
+        "TURNLOG_IDEMPOTENCY_KEY": context.idempotency_key,
         "TURNLOG_ATTEMPT": str(context.attempt),
     }
 

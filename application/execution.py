@@ -64,6 +64,7 @@ class Executor:
     sandbox_root: Path
     max_steps: int = 8
     observer: Observer = field(default_factory=Unobserved)
+    namespace: str = "default"  # part of each tool call's idempotency key
 
     def run_turn(
         self,
@@ -235,7 +236,9 @@ class Executor:
         # that opens the sandbox (they open it without following links).
         with contextlib.suppress(SandboxPathError):
             ensure_sandbox(sandbox)
-        return ToolContext(str(session.id), call_id, attempt, sandbox, report_process)
+        return ToolContext(
+            str(session.id), call_id, attempt, sandbox, report_process, self.namespace
+        )
 
     def _timed_invoke(
         self, tool: Any, name: str, arguments: dict[str, Any], context: ToolContext

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,15 @@ from turnlog.application.sandbox_files import SandboxPathError, append_line, pat
 from turnlog.domain.turns import Effect, ToolProcess
 
 MAX_SLEEP_SECONDS = 300.0
+
+
+# The UUID namespace of tool calls' idempotency keys (uuid5 over namespace, session, call).
+IDEMPOTENCY_KEYS = uuid.UUID("9c3a1c2e-4f1d-5d0b-9a6e-2b7f0e5c8d41")
+
+
+def idempotency_key(namespace: str, session_id: str, call_id: str) -> str:
+    """``uuid5`` of the namespace, session id and call id (a unit separator between them)."""
+    return str(uuid.uuid5(IDEMPOTENCY_KEYS, "\x1f".join((namespace, session_id, call_id))))
 
 
 class ToolError(Exception):
@@ -33,7 +43,7 @@ class ToolContext:
     """What a tool gets besides its arguments."""
 
     session_id: str
-    call_id: str  # also the idempotency key of the call
+    call_id: str  # the model's id: unique only within the session
     attempt: int
     sandbox: Path
     # A tool that spawns an OS process reports it here right after spawning and
@@ -43,6 +53,18 @@ class ToolContext:
     report_process: Callable[[ToolProcess], None] = field(
         default=_ignore_process, repr=False, compare=False
     )
+    namespace: str = "default"
+
+    @property
+    def idempotency_key(self) -> str:
+        """The call's key for the other side: the same for every attempt of this call,
+        different for any other call of any session of any namespace.
+
+        A model's call id is unique only within its session (a provider may give
+        the same one in two sessions); the key is a UUID derived from the
+        namespace, the session id and the call id.
+        """
+        return idempotency_key(self.namespace, self.session_id, self.call_id)
 
 
 @dataclass(frozen=True)

@@ -78,5 +78,6 @@ def build_runtime(settings: Settings) -> Runtime:
         worker_id=worker_id(),
         sandbox_root=settings.sandbox_root,
         max_steps=settings.max_steps,
+        namespace=settings.namespace,
     )
     return Runtime(settings=settings, db=db, sessions=sessions, executor=executor)

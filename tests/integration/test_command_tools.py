@@ -376,3 +376,22 @@ def test_the_readme_example_of_a_tools_file_loads(tmp_path: Path) -> None:
     tools_file.write_text(example)
     [tool] = load_tools_file(tools_file, 1024)
     assert tool.spec.name == "word_count" and tool.spec.effect == Effect.READ_ONLY
+
+
+def test_each_call_gets_an_idempotency_key_unique_across_sessions_and_namespaces(
+    shell_runtime: Runtime, settings: Settings
+) -> None:
+    from turnlog.application.tools import idempotency_key
+
+    show = {"command": 'printf "%s|%s" "$TURNLOG_CALL_ID" "$TURNLOG_IDEMPOTENCY_KEY"'}
+    first, second = new_session(shell_runtime), new_session(shell_runtime)
+    calls = [call_tool(shell_runtime, sid, "shell", show) for sid in (first, second)]
+
+    seen = [c.result["stdout"].split("|") for c in calls]
+    assert seen[0][0] == seen[1][0]  # the provider gave both sessions the same call id
+    assert seen[0][1] != seen[1][1]  # but the tools were given different keys
+    for sid, call, (call_id, key) in zip((first, second), calls, seen, strict=True):
+        assert call_id == call.call_id
+        assert key == idempotency_key(settings.namespace, str(sid), call.call_id)
+    other_namespace = idempotency_key("elsewhere", str(first), calls[0].call_id)
+    assert other_namespace != seen[0][1]

@@ -256,3 +256,16 @@ def test_a_result_summary_is_short_json() -> None:
     summary = result_summary("x" * 500, limit=20)
     assert len(summary) == 20
     assert summary.endswith("…")
+
+
+def test_idempotency_key_is_stable_for_a_call_and_differs_for_any_other() -> None:
+    from turnlog.application.tools import ToolContext, idempotency_key
+
+    key = idempotency_key("prod", "s-1", "call_1")
+    assert key == idempotency_key("prod", "s-1", "call_1")  # a re-run gets the same key
+    assert len({key, idempotency_key("dev", "s-1", "call_1")}) == 2
+    assert len({key, idempotency_key("prod", "s-2", "call_1")}) == 2
+    assert len({key, idempotency_key("prod", "s-1", "call_2")}) == 2
+    attempt_1 = ToolContext("s-1", "call_1", 1, Path("."), namespace="prod")
+    attempt_2 = ToolContext("s-1", "call_1", 2, Path("."), namespace="prod")
+    assert attempt_1.idempotency_key == attempt_2.idempotency_key == key
