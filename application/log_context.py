@@ -36,6 +36,23 @@ def bound(**ids: object) -> Iterator[None]:
         _bound.reset(token)
 
 
+@contextmanager
+def only(**ids: object) -> Iterator[None]:
+    """Bind exactly ``ids`` inside the block, dropping whatever the context carried in.
+
+    For the start of a unit of work whose context may hold another's ids: an
+    HTTP server's transport callbacks run in a context copied from whichever
+    request last resumed reading on the connection, and a later request on that
+    connection starts from a copy of it.
+    """
+    fresh = {key: str(value) for key, value in ids.items() if value not in (None, "")}
+    token = _bound.set(MappingProxyType(fresh))
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
 def current() -> Mapping[str, str]:
     """The ids bound in this context (read-only)."""
     return _bound.get()

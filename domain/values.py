@@ -1,15 +1,19 @@
-"""What the record can hold: text that encodes as UTF-8, JSON that is not nested too deep.
+"""What the record can hold: text that encodes as UTF-8, finite numbers, JSON not nested too deep.
 
 A value that passes JSON parsing can still break the record for good: a
 lone surrogate (``"\\ud800"`` is valid JSON) cannot be encoded as UTF-8, so
 the save fails; a value nested hundreds deep saves, then makes every later
 load of the session overflow Python's recursion (copying, replaying). Either
-one, arriving from a model's reply, crashed the worker on every attempt. So
-values are checked where they enter the aggregate, without recursion.
+one, arriving from a model's reply, crashed the worker on every attempt. A
+NaN or an infinity (Python's JSON parser accepts ``NaN``, ``Infinity`` and
+``1e400``) is stored as a bare ``NaN`` token that is not JSON — other
+languages, ``jq`` and ``::jsonb`` fail on the log — and reads back as null.
+So values are checked where they enter the aggregate, without recursion.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from turnlog.domain import errors
@@ -27,6 +31,10 @@ def check_storable(value: Any, what: str) -> None:
         item, depth = stack.pop()
         if isinstance(item, str):
             _check_text(item, what)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise errors.InvalidInput(
+                f"{what} contains a number JSON cannot represent (NaN or an infinity)"
+            )
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH:
                 raise errors.InvalidInput(f"{what} is nested more than {MAX_DEPTH} levels deep")

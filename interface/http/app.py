@@ -27,6 +27,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.recorder import channel_of
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface import console
@@ -38,6 +39,7 @@ from turnlog.interface.http.middleware import (
     BodyLimitMiddleware,
     MetricsMiddleware,
     RequestIdMiddleware,
+    TokenMiddleware,
 )
 from turnlog.interface.http.pulse import LogPulse
 from turnlog.interface.http.routes import events, listings, ops, sessions, turns
@@ -82,8 +84,11 @@ def create_app(
     app.state.turnlog = state
     parts.observer = state.metrics.execution
     errors.install(app)
-    # Added last runs first: request id → metrics → body limit → routing.
+    # Added last runs first: request id → metrics → token → body limit → routing.
+    # The token is checked before any body is read or parsed.
     app.add_middleware(BodyLimitMiddleware, limit=options.max_body_bytes)
+    token = settings.api_token.get_secret_value() if settings.api_token is not None else None
+    app.add_middleware(TokenMiddleware, token=token if role.serves_api else None)
     app.add_middleware(MetricsMiddleware, observe=state.metrics.observe)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops.router)
@@ -128,7 +133,7 @@ async def _start(state: AppState) -> bool:
     state.start_error = None
     runtime = state.parts.runtime
     assert runtime is not None
-    state.pulse.start(runtime.db.conninfo)
+    state.pulse.start(runtime.db.conninfo, channel_of(runtime.sessions.recorder))
     return True
 
 

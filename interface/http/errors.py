@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnlog.application.errors import ApplicationError
@@ -117,7 +118,22 @@ async def _http(request: Request, exc: Exception) -> ProblemResponse:
     problem = Problem(exc.status_code, title, code, title)
     response = render(problem, request_id_of(request))
     response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        # Routing answers with the methods of the first route that matched the
+        # path; RFC 9110 §15.5.6 asks for every method the resource supports.
+        response.headers["Allow"] = ", ".join(allowed_methods(request))
     return response
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves on the request's path."""
+    path = request.scope.get("path", "")
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.app.router.routes):
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and regex.match(path):
+            methods.update(route.methods or ())
+    return sorted(methods)
 
 
 def install(app: FastAPI) -> None:

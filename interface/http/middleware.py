@@ -1,4 +1,4 @@
-"""ASGI middleware: request ids, the body-size limit, request metrics.
+"""ASGI middleware: request ids, the bearer token, the body-size limit, request metrics.
 
 Pure ASGI classes (not ``BaseHTTPMiddleware``) so that streaming responses
 (server-sent events) pass through untouched and a client's disconnect
@@ -7,7 +7,10 @@ reaches the endpoint.
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
+import math
 import re
 import time
 import uuid
@@ -16,9 +19,15 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from turnlog.application.log_context import bound
+from turnlog.application.log_context import only
 from turnlog.interface.http.errors import PROBLEM_MEDIA_TYPE, problem_bytes, problem_headers
-from turnlog.interface.problems import PayloadTooLarge, Problem, problem_for
+from turnlog.interface.problems import (
+    InvalidRequest,
+    PayloadTooLarge,
+    Problem,
+    Unauthorized,
+    problem_for,
+)
 
 log = logging.getLogger("turnlog.http")
 
@@ -73,7 +82,11 @@ class RequestIdMiddleware:
 
         # Every line logged while handling the request (uvicorn's access line
         # included: it is written when the response starts) carries these ids.
-        with bound(request_id=request_id, session_id=_session_in(scope.get("path", ""))):
+        # Set from scratch: the connection's callbacks may carry another
+        # request's ids (a body over the server's buffer pauses and resumes
+        # reading from inside that request's context), and a new request on a
+        # keep-alive connection starts from a copy of that context.
+        with only(request_id=request_id, session_id=_session_in(scope.get("path", ""))):
             try:
                 await self.app(scope, receive, send_with_id)
             except Exception:
@@ -105,6 +118,47 @@ def _incoming_id(scope: Scope) -> str | None:
             text = value.decode("latin-1")
             return text if _SAFE_ID.fullmatch(text) else None
     return None
+
+
+GUARDED_PREFIXES = ("/v1/", "/console/fragments/")
+UNAUTHORIZED = "a valid bearer token is required (Authorization: Bearer <token>)"
+
+
+class TokenMiddleware:
+    """With a token set, refuse /v1 and the console's data without it, before any body is read.
+
+    The routes' own dependency (``require_token``) runs only after FastAPI has
+    read and parsed the body, so a malformed body without a token was answered
+    with the parser's 422; checking here answers 401 first, for every method.
+    """
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token.encode() if token is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is None or scope["type"] != "http" or not _guarded(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        # Constant time: the comparison must not tell how much of a guess was right.
+        if hmac.compare_digest(_bearer(scope), self.token):
+            await self.app(scope, receive, send)
+            return
+        problem = problem_for(Unauthorized(UNAUTHORIZED))
+        assert problem is not None
+        await send_problem(send, problem, scope.get("state", {}).get("request_id"))
+
+
+def _guarded(path: str) -> bool:
+    return path == "/v1" or path.startswith(GUARDED_PREFIXES)
+
+
+def _bearer(scope: Scope) -> bytes:
+    for key, value in scope.get("headers", []):
+        if key == b"authorization":
+            scheme, _, credentials = bytes(value).partition(b" ")
+            return credentials if scheme.lower() == b"bearer" else b""
+    return b""
 
 
 class BodyLimitMiddleware:
@@ -140,7 +194,13 @@ class BodyLimitMiddleware:
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
-        await self.app(scope, _replay(b"".join(chunks), receive), send)
+        body = b"".join(chunks)
+        if _has_non_finite_number(body):
+            refused = problem_for(InvalidRequest(NON_FINITE))
+            assert refused is not None
+            await send_problem(send, refused, scope.get("state", {}).get("request_id"))
+            return
+        await self.app(scope, _replay(body, receive), send)
 
     async def _refuse(self, scope: Scope, send: Send, size: int) -> None:
         refused = PayloadTooLarge(
@@ -151,6 +211,48 @@ class BodyLimitMiddleware:
         problem = problem_for(refused)
         assert problem is not None
         await send_problem(send, problem, scope.get("state", {}).get("request_id"))
+
+
+NON_FINITE = (
+    "the request body holds a number JSON cannot represent (NaN, Infinity, -Infinity, "
+    "or one too large for a double such as 1e400)"
+)
+# Only a body with one of these can hold a non-finite number; most bodies skip
+# the second, strict parse. A match inside a string costs one parse, no refusal.
+_SUSPECT = re.compile(rb"NaN|Infinity|[0-9][eE][+-]?[0-9]{3}|[0-9]{309}")
+
+
+class _NonFinite(Exception):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text)
+    return value
+
+
+def _has_non_finite_number(body: bytes) -> bool:
+    """True when ``body`` is JSON with NaN, ±Infinity or a number that overflows a double.
+
+    Python's parser accepts all of these; stored, they make the log non-JSON
+    (``NaN`` is no JSON token) and read back as ``null``. Bodies that are not
+    JSON at all are left to the route's own parsing and its 422.
+    """
+    if not _SUSPECT.search(body):
+        return False
+    try:
+        json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except _NonFinite:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

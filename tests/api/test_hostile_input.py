@@ -283,8 +283,14 @@ def _read_models_whole(url: str, settings: Settings, database: Database) -> None
 
 @pytest.mark.parametrize(
     "arguments",
-    ['{"text": "\\ud800"}', "{" + '"a": {' * 100 + "}" * 100 + "}"],
-    ids=["lone surrogate", "nested 100 deep"],
+    [
+        '{"text": "\\ud800"}',
+        "{" + '"a": {' * 100 + "}" * 100 + "}",
+        '{"text": NaN}',
+        '{"n": [1, -Infinity]}',
+        '{"n": 1e400}',
+    ],
+    ids=["lone surrogate", "nested 100 deep", "NaN", "-Infinity", "1e400"],
 )
 def test_a_model_reply_the_record_cannot_hold_fails_the_turn_once(
     url: str, settings: Settings, database: Database, arguments: str
@@ -398,3 +404,40 @@ def test_the_server_stays_responsive_after_the_hostile_batch(url: str) -> None:
         )
     poll(lambda: httpx.get(f"{url}/healthz").status_code == 200, 10, "healthy")
     assert time.monotonic() - started < 10
+
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1E+400", "1" + "0" * 400 + ".5"]
+
+
+def test_numbers_json_cannot_represent_are_refused_in_every_free_form_field(
+    url: str, settings: Settings, database: Database, runtime: Runtime
+) -> None:
+    """``{"metadata": {"x": NaN}}`` was stored as a bare NaN (not JSON) and read back as null."""
+    sid = session(url)
+    _, call_id = interrupted(url, runtime, sid)
+    resolve = f"/v1/sessions/{sid}/tool-calls/{call_id}/resolve"
+    raw = {"content-type": "application/json"}
+    before = head(database, settings)
+    for number in NON_FINITE:
+        bodies = {
+            "/v1/sessions": [
+                f'{{"metadata": {{"x": {number}}}}}',
+                f'{{"metadata": {{"deep": [1, {{"y": [{number}]}}]}}}}',
+            ],
+            resolve: [
+                f'{{"outcome": "succeeded", "result": {number}, "note": "n", "actor": "a"}}',
+                f'{{"outcome": "failed", "result": {{"a": [{number}]}}, "note": "n", "actor": "b"'
+                "}",
+            ],
+        }
+        for path, contents in bodies.items():
+            for content in contents:
+                refused = httpx.post(url + path, content=content.encode(), headers=raw, timeout=30)
+                assert refused.status_code == 422, (content, refused.text)
+                assert refused.json()["code"] == "validation_error"
+                assert "JSON cannot represent" in refused.json()["detail"]
+    assert head(database, settings) == before
+    # The same words inside strings are text, and stored as such.
+    kept = post(url, "/v1/sessions", {"metadata": {"x": "NaN Infinity 1e400"}})
+    assert kept.status_code == 201
+    assert kept.json()["metadata"]["x"] == "NaN Infinity 1e400"

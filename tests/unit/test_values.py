@@ -33,8 +33,26 @@ def test_plain_json_of_any_text_is_storable() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["\ud800", {"k\udfff": 1}, ["ok", {"deep": "\udc80"}], nested(MAX_DEPTH + 1), nested(10_000)],
-    ids=["lone surrogate", "in a key", "deep inside", "one level too deep", "far too deep"],
+    [
+        "\ud800",
+        {"k\udfff": 1},
+        ["ok", {"deep": "\udc80"}],
+        nested(MAX_DEPTH + 1),
+        nested(10_000),
+        float("nan"),
+        {"n": [1, float("inf")]},
+        -float("inf"),
+    ],
+    ids=[
+        "lone surrogate",
+        "in a key",
+        "deep inside",
+        "one level too deep",
+        "far too deep",
+        "NaN",
+        "infinity inside",
+        "-infinity",
+    ],
 )
 def test_values_the_record_cannot_hold_are_refused_without_quoting_them(value: object) -> None:
     with pytest.raises(errors.InvalidInput) as refused:
