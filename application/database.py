@@ -139,14 +139,15 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         # with the events stored since (one query), so other writers are seen.
         "AGGREGATE_CACHE_MAXSIZE": str(settings.session_cache_size or ""),
         "AGGREGATE_CACHE_FASTFORWARD": "y",
-        # Lock, notify and insert in one round trip (see application/recorder.py).
+        # One insert per save, no table lock, the transaction id recorded for
+        # the log's order; NOTIFY after the commit (see application/recorder.py).
         "APPLICATION_RECORDER_TOPIC": "turnlog.application.recorder:TurnlogRecorder",
         "POSTGRES_CONNECT_TIMEOUT": "10",
-        # Check a pooled connection before lending it (one empty query): after a
-        # server restart or a killed backend, no request gets a dead connection.
-        "POSTGRES_PRE_PING": "y",
-        # DB functions stay off: in 9.5.6 they drop the table lock (subscribers
-        # can skip events) and confuse tables of two applications in one schema.
+        # No ping on checkout (a round trip each): the pool checks a lent
+        # connection without one and replaces a dead one (application/pool.py).
+        "POSTGRES_PRE_PING": "n",
+        # The library's DB functions stay off: in 9.5.6 they write without
+        # recording the order and confuse tables of two applications in one schema.
         "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
         "CREATE_TABLE": "y" if create_table else "n",
     }

@@ -11,6 +11,7 @@ statuses and exit codes in one place. The tree::
     ├── ProjectionConflict       (409) another writer moved the read model's position
     ├── InvalidQuery             (422) a read-model query's filter, limit or cursor is malformed
     │   ├── InvalidCursor
+    │   ├── InvalidPosition     a log position that names no event of this namespace's log
     │   └── UnknownProjection
     ├── InvalidNamespace         (422)
     ├── DatabaseUnavailable      (503)
@@ -85,6 +86,12 @@ class InvalidCursor(InvalidQuery):
     """A pagination cursor is not one this list handed out."""
 
     code = "invalid_cursor"
+
+
+class InvalidPosition(InvalidQuery):
+    """A log position that names no event of this namespace's log (past its end, or unknown)."""
+
+    code = "invalid_position"
 
 
 class UnknownProjection(InvalidQuery):

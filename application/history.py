@@ -4,6 +4,14 @@ The library has no query for one aggregate's events *with* their global
 positions, so this reads the events table directly (through the Sessions
 application's own pool) and decodes each row through the application's
 mapper, so compression or encryption configured there is honoured.
+
+A session's events are read by version. That order is already a commit
+order, so these reads need no commit horizon: version v + 1 can only be
+inserted by a writer that has read version v, committed (the primary key
+(session, version) makes a second writer of v wait for the first, then
+fail), so no version can appear below one a reader has seen. Readers of the
+*whole* log (``count_topics``, ``scan_topics``, the read models) follow the
+horizon instead (``application.logorder``; docs/log-order.md).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
+from turnlog.application import logorder
+from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
 from turnlog.domain.session import Session
 
@@ -61,6 +71,9 @@ class History:
         self._head = sql.SQL("SELECT coalesce(max(notification_id), 0) AS head FROM {}").format(
             table
         )
+        self._last_version = sql.SQL(
+            "SELECT max(originator_version) AS v FROM {} WHERE originator_id = %s"
+        ).format(table)
         self._at_version = sql.SQL(
             "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"
         ).format(table)
@@ -78,6 +91,13 @@ class History:
             curs.execute(self._page, (session_id, after, limit))
             rows = curs.fetchall()
         return [self._decode(session_id, row) for row in rows]
+
+    def last_version(self, session_id: UUID) -> int | None:
+        """The session's last stored version; None when the session has no events."""
+        with self._datastore.transaction(commit=False) as curs:
+            curs.execute(self._last_version, (session_id,))
+            row = curs.fetchone()
+        return int(row["v"]) if row and row["v"] is not None else None
 
     def exists(self, session_id: UUID) -> bool:
         with self._datastore.transaction(commit=False) as curs:
@@ -121,31 +141,76 @@ class History:
         )
 
 
-def count_topics(sessions: Sessions, after: int, topics: list[str]) -> tuple[dict[str, int], int]:
-    """How many events of each topic were stored after position ``after``, and the last position.
+def count_topics(
+    sessions: Sessions, after: Place | None, topics: list[str]
+) -> tuple[dict[str, int], Place]:
+    """How many events of each topic were stored past ``after``, and the place to go on from.
 
-    Reads only the part of the log past ``after`` (the notification-id index),
-    so a caller that keeps the returned position pays for new events only.
+    In the log's order and below the commit horizon (``application.logorder``):
+    the place returned is just below the horizon, so counting again from it
+    counts every event exactly once, also one that committed late. Reads only
+    the part of the log past ``after`` (the log-order index), so a caller
+    that keeps the returned place pays for new events only. ``after=None``
+    counts nothing and returns the place to start from.
     """
     recorder: Any = sessions.recorder
     datastore = recorder.datastore
-    table = sql.SQL("{}.{}").format(
-        sql.Identifier(datastore.schema), sql.Identifier(recorder.events_table_name)
+    table = logorder.table(datastore.schema, recorder.events_table_name)
+    with datastore.transaction(commit=False) as curs:
+        # One snapshot for both statements: the horizon and the rows agree.
+        curs.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        horizon = logorder.current_horizon(curs)
+        counts: dict[str, int] = {}
+        if after is not None:
+            curs.execute(
+                sql.SQL(
+                    "SELECT topic, count(*) AS n FROM {} WHERE {} AND {} < %s::xid8"
+                    " AND topic = ANY(%s) GROUP BY topic"
+                ).format(table, logorder.PAST, logorder.XACT),
+                (*after.params(), str(horizon), topics),
+            )
+            counts = {str(r["topic"]): int(r["n"]) for r in curs.fetchall()}
+    return counts, max(after or Place.start(), Place.below(horizon))
+
+
+@dataclass(frozen=True)
+class Scan:
+    """Events of some topics past a place: (place, session id, topic); where to go on from."""
+
+    found: list[tuple[Place, UUID, str]]
+    next: Place
+    pending: bool  # committed events wait past the horizon (an older transaction runs)
+
+
+def scan_topics(sessions: Sessions, after: Place, topics: list[str], limit: int = 1000) -> Scan:
+    """Events of ``topics`` past ``after``, in the log's order, below the commit horizon."""
+    recorder: Any = sessions.recorder
+    datastore = recorder.datastore
+    table = logorder.table(datastore.schema, recorder.events_table_name)
+    statement = sql.SQL(
+        "WITH h AS (SELECT {horizon} AS x)"
+        " SELECT e.*, h.x::text AS horizon,"
+        "  EXISTS (SELECT 1 FROM {t} WHERE {xact} >= h.x) AS pending"
+        " FROM h LEFT JOIN LATERAL ("
+        "  SELECT notification_id, originator_id, topic, {xact}::text AS xact FROM {t}"
+        "  WHERE {past} AND {xact} < h.x AND topic = ANY(%s) ORDER BY {order} LIMIT %s) e ON true"
+        " ORDER BY e.xact::xid8, e.notification_id"
+    ).format(
+        horizon=logorder.HORIZON,
+        t=table,
+        xact=logorder.XACT,
+        past=logorder.PAST,
+        order=logorder.LOG_ORDER,
     )
     with datastore.transaction(commit=False) as curs:
-        curs.execute(
-            sql.SQL("SELECT coalesce(max(notification_id), 0) AS last FROM {}").format(table)
-        )
-        row = curs.fetchone()
-        last = int(row["last"]) if row else 0
-        curs.execute(
-            sql.SQL(
-                "SELECT topic, count(*) AS n FROM {} WHERE notification_id > %s"
-                " AND notification_id <= %s AND topic = ANY(%s) GROUP BY topic"
-            ).format(table),
-            (after, last, topics),
-        )
-        counts = {str(r["topic"]): int(r["n"]) for r in curs.fetchall()}
-    # Writers commit in position order (the library locks the table for each
-    # insert), so nothing can appear below ``last`` after this read.
-    return counts, last
+        rows = curs.execute(statement, (*after.params(), topics, limit)).fetchall()
+    found = [
+        (Place(int(r["xact"]), int(r["notification_id"])), r["originator_id"], str(r["topic"]))
+        for r in rows
+        if r["notification_id"] is not None
+    ]
+    horizon = int(rows[0]["horizon"]) if rows else 0
+    pending = bool(rows[0]["pending"]) if rows else False
+    if found and len(found) == limit:
+        return Scan(found, found[-1][0], pending)
+    return Scan(found, max(after, Place.below(horizon)), pending)

@@ -15,10 +15,20 @@ none came, a fresh connection attempt (shared by every waiter for
 ``DatabaseUnavailable``, which the library does not retry (503 with
 Retry-After); reachable means the pool is merely busy, and the wait goes on
 for the rest of the timeout. Everything else keeps the library's behaviour.
+
+Connections are not pinged on checkout (that was one round trip per
+checkout, several per turn). Instead a lent connection is checked without
+a round trip: an idle pooled connection on which the server has sent
+anything (the error a terminated backend sends, the end of the stream of a
+restarted server) is dead or suspect; it is closed, the pool opens a
+replacement, and the next one is tried at once. A connection that dies
+while in use raises ``OperationalError``, which the library's recorders
+retry (and which is a 503 with Retry-After to an HTTP client).
 """
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -88,12 +98,38 @@ class Reachability:
         self._checked_at = time.monotonic()
 
 
+def looks_alive(conn: Any) -> bool:
+    """Whether an idle pooled connection may be lent, judged without a round trip."""
+    if conn.closed or getattr(conn, "broken", False):
+        return False
+    pgconn = conn.pgconn
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLERR | select.POLLHUP)
+    except (psycopg.Error, OSError, ValueError):
+        return False
+    # Nothing is due on an idle connection: whatever arrived is a server-side
+    # termination (FATAL, then the end of the stream) or something unasked for.
+    return not poller.poll(0)
+
+
 class FailFastPool(ConnectionPool[Any]):
     """The library's pool; inside ``failing_fast()`` it gives up at once on a dead server."""
 
     reachability: Reachability
 
     def getconn(self, timeout: float | None = None) -> Any:
+        # A dead connection is discarded (the pool replaces it) and another is
+        # taken at once, without the pool's backoff between failed checks.
+        for _ in range(self.max_size + 1):
+            conn = self._getconn(timeout)
+            if looks_alive(conn):
+                return conn
+            conn.close()
+            self.putconn(conn)
+        return self._getconn(timeout)
+
+    def _getconn(self, timeout: float | None) -> Any:
         if not _fail_fast.get():
             return super().getconn(timeout)
         timeout = self.timeout if timeout is None else timeout
@@ -127,3 +163,9 @@ class TurnlogFactory(PostgresFactory):
         pool.reconnect_timeout = RECONNECT_TIMEOUT
         kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
         pool.reachability = Reachability(dict(kwargs or {}))
+
+    def close(self) -> None:
+        # Notifications still pending go out before the pool closes.
+        for notifier in getattr(self.datastore, "turnlog_notifiers", []):
+            notifier.close()
+        super().close()

@@ -1,20 +1,33 @@
-"""The events recorder: the library's PostgreSQL recorder, one round trip per save.
+"""The events recorder: the library's PostgreSQL recorder, one round trip per save, no table lock.
 
-The library's default insert path takes ``LOCK TABLE … IN EXCLUSIVE MODE``,
-sends ``NOTIFY`` and inserts the rows in a pipelined transaction that still
-needs several round trips; its optional database function drops the table
-lock, which lets subscribers skip events under concurrent writers (see the
-notes on 9.5.6). This recorder keeps every guarantee of the default path —
-the table lock (insert order equals commit order), the notification, the
-optimistic-concurrency primary key — but runs them inside one function
-called in one autocommit statement: one round trip per save.
+The library's default insert path takes ``LOCK TABLE … IN EXCLUSIVE MODE``
+and sends ``NOTIFY`` inside every insert transaction, so every writer of a
+namespace waits for the previous one's commit and disk flush, and
+PostgreSQL can never group the commits of concurrent writers. This recorder
+takes neither:
 
-The function is created per namespace schema, named for this table, so two
-applications in one schema could not confuse each other's tables.
+- one ``INSERT … SELECT FROM unnest(…)`` in one autocommit statement (one
+  round trip per save) also records the inserting transaction's id
+  (``xact_id``, ``pg_current_xact_id()``). Readers of the whole log order it
+  by (transaction id, position) and read only below the commit horizon, so
+  no reader can pass an event that commits later (``application.logorder``,
+  docs/log-order.md);
+- the notification goes out *after* the commit, from a thread of its own
+  that coalesces a burst of saves into one ``NOTIFY`` on the namespace's own
+  channel. A notification lost (the process died between the commit and
+  the ``NOTIFY``) costs latency only: every reader also polls;
+- the optimistic-concurrency primary key is the library's, unchanged.
+
+Creating the table also migrates an events table written by older code
+(the column, its default and the index of the log's order; stored events
+are not rewritten).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,47 +37,103 @@ from eventsourcing.utils import retry
 from psycopg import InterfaceError, OperationalError
 from psycopg.sql import SQL, Identifier
 
+from turnlog.application import logorder
 from turnlog.application.errors import ApplicationError
+
+log = logging.getLogger("turnlog.recorder")
+
+
+def log_channel(schema: str, events_table: str) -> str:
+    """The NOTIFY channel of one namespace's log (channels are per database, not per schema)."""
+    name = f"{schema}.{events_table}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
+    return f"{name[:50]}~{digest}"
+
+
+def channel_of(recorder: object) -> str:
+    """The channel that ``recorder``'s writers notify after their commits."""
+    if not isinstance(recorder, PostgresApplicationRecorder):
+        raise TypeError("notifications need the Sessions application on PostgreSQL")
+    return recorder.channel_name
+
+
+class Notifier:
+    """Sends ``NOTIFY channel`` after commits, from one thread; a burst coalesces into one."""
+
+    def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
+        self._datastore = datastore
+        self._statement = SQL("NOTIFY {}").format(Identifier(channel))
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.sent = 0
+
+    def notify(self) -> None:
+        """Ask for a notification soon (after the caller's commit)."""
+        self._wanted.set()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(
+                        target=self._run, name="turnlog-notify", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            if self._closed:
+                return
+            self._wanted.clear()
+            self._send()
+
+    def _send(self) -> None:
+        try:
+            with self._datastore.get_connection() as conn:
+                conn.execute(self._statement)
+            self.sent += 1
+        except Exception as exc:  # a lost notification costs latency only: readers poll
+            log.debug("notification not sent (%s); readers will poll", exc)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is pending, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if self._wanted.is_set():
+            self._send()
+        self._wanted.set()
+        if thread is not None:
+            thread.join(timeout)
 
 
 class TurnlogRecorder(PostgresApplicationRecorder):
-    """Inserts a save's events with lock, notify and insert in one statement."""
+    """Inserts a save's events in one statement, with their transaction id; notifies after."""
 
     def __init__(
         self, datastore: PostgresDatastore, *, events_table_name: str = "stored_events"
     ) -> None:
         super().__init__(datastore, events_table_name=events_table_name)
-        schema = Identifier(self.datastore.schema)
-        table = Identifier(self.events_table_name)
-        function = Identifier(f"turnlog_insert_{self.events_table_name}")
-        self.sql_create_statements.append(
-            SQL(
-                "CREATE OR REPLACE FUNCTION {schema}.{function}("
-                " ids uuid[], versions bigint[], topics text[], states bytea[])"
-                " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$"
-                " BEGIN"
-                "   SET LOCAL lock_timeout = '{lock_timeout}s';"
-                # Serialise inserts so notification ids are committed in order:
-                # a reader tailing the log never passes a gap filled later.
-                "   LOCK TABLE {schema}.{table} IN EXCLUSIVE MODE;"
-                "   NOTIFY {channel};"
-                "   RETURN QUERY INSERT INTO {schema}.{table}"
-                "     (originator_id, originator_version, topic, state)"
-                "     SELECT * FROM unnest(ids, versions, topics, states)"
-                "     RETURNING notification_id;"
-                " END;"
-                " $BODY$"
-            ).format(
-                schema=schema,
-                function=function,
-                table=table,
-                channel=Identifier(self.channel_name),
-                lock_timeout=self.datastore.lock_timeout,
-            )
+        schema = self.datastore.schema
+        self.channel_name = log_channel(schema, self.events_table_name)
+        self.sql_create_statements.extend(
+            logorder.migration_statements(schema, self.events_table_name)
         )
-        self._insert_call = SQL(
-            "SELECT * FROM {schema}.{function}(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[])"
-        ).format(schema=schema, function=function)
+        self._insert = SQL(
+            "INSERT INTO {schema}.{table}"
+            " (originator_id, originator_version, topic, state, xact_id)"
+            " SELECT i, v, t, s, pg_current_xact_id()"
+            " FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[]) AS u(i, v, t, s)"
+            " RETURNING notification_id"
+        ).format(schema=Identifier(schema), table=Identifier(self.events_table_name))
+        self.notifier = Notifier(self.datastore, self.channel_name)
+        # The factory flushes it when the application closes (application/pool.py).
+        notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
+        notifiers.append(self.notifier)
+        self.datastore.turnlog_notifiers = notifiers  # type: ignore[attr-defined]
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int]:
@@ -78,9 +147,13 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
         )
-        # Autocommit: the one statement is its own transaction, so the lock is
-        # held only for the insert and released at its commit.
-        with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self._insert_call, params, prepare=True)
-            rows = curs.fetchall()
+        # Autocommit: the one statement is its own transaction. Notified after
+        # it ended, also when it failed: a failed insert held the horizon back
+        # while it ran, and readers waiting behind it should look again.
+        try:
+            with self.datastore.get_connection() as conn, conn.cursor() as curs:
+                curs.execute(self._insert, params, prepare=True)
+                rows = curs.fetchall()
+        finally:
+            self.notifier.notify()
         return [int(next(iter(row.values()))) for row in rows]

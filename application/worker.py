@@ -7,8 +7,8 @@ died, re-run a safe call, or interrupt a turn whose unsafe call was in
 flight. Because the lease is a lock held by a live connection, a dead
 worker's turns become available the moment the server notices the death.
 
-Wake-ups come from LISTEN on the events table's channel (the library NOTIFYs
-on every insert) and from ``wake()``; a poll every ``poll_interval`` seconds
+Wake-ups come from LISTEN on the namespace's channel (writers NOTIFY after
+their commits) and from ``wake()``; a poll every ``poll_interval`` seconds
 covers missed notifications.
 """
 
@@ -30,8 +30,11 @@ from psycopg import sql
 
 from turnlog.application.database import Database, bootstrap_lock, connect
 from turnlog.application.errors import ApplicationError, LeaseLost
+from turnlog.application.history import scan_topics
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
+from turnlog.application.logorder import Place
+from turnlog.application.recorder import channel_of
 from turnlog.application.recovery import DONE, Decision, Verdict, decide, summarize
 from turnlog.application.runtime import Runtime
 from turnlog.domain.errors import DomainError
@@ -67,6 +70,7 @@ WORK_TOPICS = [Session.TurnSubmitted.TOPIC, Session.ToolCallResolved.TOPIC]
 RECOVERIES = (Decision.RESUME, Decision.RERUN, Decision.INTERRUPT, Decision.FAIL)
 
 BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed unexpectedly
+HELD_POLL = 0.02  # how often the log scan looks again while events wait past the horizon
 
 
 class Stopping(Exception):
@@ -361,21 +365,28 @@ class Worker:
         return release
 
     def _listen(self) -> None:
-        """On every insert into the events table, offer the sessions that got work.
+        """On every notification of new events, offer the sessions that got work.
 
-        The new events are read straight from the log (inserts are committed in
-        position order, so everything up to the head is visible), which does not
-        wait for the open-turns read model to apply them.
+        The new events are read straight from the log, in its order and below
+        the commit horizon (``application.logorder``), which does not wait for
+        the open-turns read model to apply them. While committed events wait
+        past the horizon, the log is read again every ``HELD_POLL`` seconds.
         """
-        recorder = self.runtime.sessions.recorder
-        seen = recorder.max_notification_id() or 0
+        sessions = self.runtime.sessions
+        channel = channel_of(sessions.recorder)
+        seen = scan_topics(sessions, Place.start(), WORK_TOPICS, limit=0).next
+        pending = False
         while not self._stop.is_set():
             try:
                 with psycopg.connect(self.runtime.db.conninfo, autocommit=True) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier("sessions_events")))
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
-                            seen = self._offer_new_work(seen)
+                        timeout = HELD_POLL if pending else self.poll_interval
+                        woken = False
+                        for _ in conn.notifies(timeout=timeout, stop_after=1):
+                            woken = True
+                        if woken or pending:
+                            seen, pending = self._offer_new_work(seen)
             except (psycopg.Error, ApplicationError):
                 log.warning("LISTEN connection lost; reconnecting", exc_info=True)
                 self._stop.wait(self.poll_interval)
@@ -384,18 +395,13 @@ class Worker:
                 self._wake.set()
                 self._stop.wait(self.poll_interval)
 
-    def _offer_new_work(self, seen: int) -> int:
-        recorder = self.runtime.sessions.recorder
-        head = recorder.max_notification_id() or 0
-        if head > seen:
-            found = recorder.select_notifications(
-                start=seen, stop=head, limit=1000, topics=WORK_TOPICS, inclusive_of_start=False
-            )
-            for notification in found:
-                self.offer(notification.originator_id)
-            if len(found) == 1000:
-                self._wake.set()  # more than we read: let the poll of the read model find it
-        return head
+    def _offer_new_work(self, seen: Place) -> tuple[Place, bool]:
+        scan = scan_topics(self.runtime.sessions, seen, WORK_TOPICS, limit=1000)
+        for _, session_id, _ in scan.found:
+            self.offer(session_id)
+        if len(scan.found) == 1000:
+            self._wake.set()  # more than we read: let the poll of the read model find it
+        return scan.next, scan.pending
 
     def _heartbeat(self) -> None:
         """Keep the registry row fresh, on one connection reopened when it breaks."""

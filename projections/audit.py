@@ -29,7 +29,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent, Tracking
 from psycopg import sql
 
+from turnlog.application import logorder
 from turnlog.application.errors import SessionNotFound
+from turnlog.application.logorder import LogTracking, Place, place_of_tracking
 from turnlog.domain.session import Session, retaining
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog
@@ -49,6 +51,7 @@ class StoredRecord:
     payload: Any
     event: Any = field(default=None, repr=False, compare=False)
     error: str = ""  # why it does not decode
+    xact: int = 0  # the inserting transaction (0: stored before they were recorded)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -92,18 +95,30 @@ def stream(events: EventLog, session_id: UUID) -> list[StoredRecord]:
 
 
 def log_page(events: EventLog, after: int = 0, limit: int = 100) -> list[StoredRecord]:
-    """Up to ``limit`` events of the whole log after position ``after``."""
+    """Up to ``limit`` events of the whole log after the event at position ``after``.
+
+    In the log's order and below the commit horizon (``application.logorder``):
+    pass the last record's position as ``after`` for the next page, and no
+    event is skipped or repeated. ``after`` must be 0 or the position of an
+    event of this log (``InvalidPosition`` otherwise).
+    """
+    place = events.place_of(after)
     return _select(
         events,
-        sql.SQL("WHERE notification_id > %s ORDER BY notification_id LIMIT %s"),
-        [after, limit],
+        sql.SQL("WHERE {} AND {} ORDER BY {} LIMIT %s").format(
+            logorder.PAST, logorder.BELOW_HORIZON, logorder.LOG_ORDER
+        ),
+        [*place.params(), limit],
     )
 
 
 def _select(events: EventLog, where: sql.Composable, params: list[Any]) -> list[StoredRecord]:
     statement = sql.SQL(
-        "SELECT notification_id, originator_id, originator_version, topic, state FROM {}.{} {}"
-    ).format(sql.Identifier(events.schema), sql.Identifier(events.events_table), where)
+        "SELECT notification_id, originator_id, originator_version, topic, state,"
+        " {}::text AS xact FROM {}.{} {}"
+    ).format(
+        logorder.XACT, sql.Identifier(events.schema), sql.Identifier(events.events_table), where
+    )
     with events.datastore.get_connection() as conn:
         rows = conn.execute(statement, params).fetchall()
     return [_record(events, row) for row in rows]
@@ -129,6 +144,7 @@ def _record(events: EventLog, row: Any) -> StoredRecord:
         payload=payload,
         event=event,
         error=error,
+        xact=int(row["xact"]),
     )
 
 
@@ -148,7 +164,11 @@ def verify_stream(events: EventLog, session_id: UUID) -> StreamAudit:
     session = _replay(records, audit) if not any(r.error for r in records) else None
     if session is not None:
         _check_repository(events, session, audit)
-    decoded = [(r.event, Tracking(events.application_name, r.position)) for r in records if r.event]
+    decoded: list[tuple[Any, Tracking]] = [
+        (r.event, LogTracking(events.application_name, r.position, r.xact))
+        for r in records
+        if r.event
+    ]
     for model in read_models():
         _check_read_model(events, model, session_id, decoded, session, audit)
     return audit
@@ -206,22 +226,24 @@ def _check_read_model(
     audit: StreamAudit,
 ) -> None:
     view = model.postgres_view(events.datastore)
-    position, live = view.snapshot(events.application_name, {"session_id": session_id})
+    place, live = view.snapshot(events.application_name, {"session_id": session_id})
+    position = place.position
     memory = model.memory_view()
     projection = model.projection(memory)
     for event, tracking in decoded:
-        if tracking.notification_id <= position:
+        if place_of_tracking(tracking) <= place:
             projection.process_event(event, tracking)
     for difference in compare(model.table, live, memory.rows.all()):
         audit.problems.append(f"read model {model.name}: {difference.describe()}")
-    folded = sum(1 for _, tracking in decoded if tracking.notification_id <= position)
+    folded = sum(1 for _, tracking in decoded if place_of_tracking(tracking) <= place)
+    last = max((place_of_tracking(t) for _, t in decoded), default=Place.start())
     if folded == 0:
         audit.not_compared.append(
             f"read model {model.name}: at position {position}, it has processed none of this"
             f" stream's {audit.events} events (the first is at position {_first(decoded)});"
             " nothing to compare. Run `turnlog projections run` (or serve) and verify again"
         )
-    elif position < audit.last_position:
+    elif place < last:
         audit.compared.append(
             f"read model {model.name}: rows match the first {folded} of {audit.events} events"
         )

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from turnlog.application.database import Database, connect
+from turnlog.application.logorder import Place
 from turnlog.projections.catalog import ReadModel
 from turnlog.projections.log import EventLog
 from turnlog.projections.runner import projection_lock_key
@@ -35,11 +36,9 @@ class CaughtUp:
     position_after: int
     behind_events: int  # events it had not processed yet
     by: str  # "" (it was current), "this process", or the runner that holds it
-
-    @property
-    def current(self) -> bool:
-        """Whether it had reached ``head`` when the catch-up ended."""
-        return self.position_after >= self.head
+    # Whether it had reached ``head`` when the catch-up ended (compared in the
+    # log's order: positions alone are not in commit order).
+    current: bool
 
     def describe(self) -> str:
         if self.behind_events == 0:
@@ -54,7 +53,7 @@ class CaughtUp:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"current": self.current}
+        return asdict(self)
 
 
 def catch_up(
@@ -62,10 +61,10 @@ def catch_up(
 ) -> CaughtUp:
     """Bring ``model`` to the log's current head: fold the events here, or wait for its runner."""
     view = model.postgres_view(events.datastore)
-    head = events.head()
+    head = events.head_place()  # places: the log's order (application.logorder)
     before = view.position(events.application_name)
     if before >= head:
-        return CaughtUp(model.name, head, before, before, 0, "")
+        return CaughtUp(model.name, head.position, before.position, before.position, 0, "", True)
     behind = events.count_after(before)
     conn = connect(db, application_name=f"turnlog-catch-up {namespace}"[:63])
     try:
@@ -74,13 +73,25 @@ def catch_up(
         if row and row[0]:
             # The runner lock is ours: no runner writes this view until we let go.
             projection = model.projection(view)
-            position = view.position(events.application_name)
-            while position < head:
-                notifications = events.read(position, BATCH, stop=head)
-                if not notifications:
+            place = view.position(events.application_name)
+            deadline = time.monotonic() + wait
+            while place < head:
+                page = events.read(place, BATCH, stop=head)
+                if page.records:
+                    place = fold_batch(view, projection, place, events.decode(page.records))
+                elif time.monotonic() < deadline:
+                    time.sleep(POLL_SECONDS)  # the rest waits past the commit horizon
+                else:
                     break
-                position = fold_batch(view, projection, position, events.decode(notifications))
-            return CaughtUp(model.name, head, before, position, behind, "this process")
+            return CaughtUp(
+                model.name,
+                head.position,
+                before.position,
+                place.position,
+                behind,
+                "this process",
+                place >= head,
+            )
         holder = lock_holder(conn, namespace, model.name) or "a runner"
     finally:
         conn.close()
@@ -91,15 +102,23 @@ def _wait_for_runner(
     events: EventLog,
     view: Any,
     name: str,
-    head: int,
-    before: int,
+    head: Place,
+    before: Place,
     behind: int,
     holder: str,
     wait: float,
 ) -> CaughtUp:
     deadline = time.monotonic() + wait
-    position = view.position(events.application_name)
-    while position < head and time.monotonic() < deadline:
+    place = view.position(events.application_name)
+    while place < head and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
-        position = view.position(events.application_name)
-    return CaughtUp(name, head, before, position, behind, f"its runner ({holder})")
+        place = view.position(events.application_name)
+    return CaughtUp(
+        name,
+        head.position,
+        before.position,
+        place.position,
+        behind,
+        f"its runner ({holder})",
+        place >= head,
+    )

@@ -1,6 +1,8 @@
 """The Sessions application's log, as the read models read it.
 
-Events are read straight from the application's recorder and decoded with
+Events are read in the log's order, (transaction id, position), and only
+below the commit horizon (``application.logorder``), so no reader passes an
+event that commits later. They are read straight from the events table and decoded with
 the application's own mapper, so a read model sees exactly what the
 aggregate would. One ``EventLog`` (one connection pool) serves every read
 model in a process.
@@ -9,21 +11,41 @@ model in a process.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from eventsourcing.persistence import Notification, Tracking
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
 
-from turnlog.application import database
+from turnlog.application import database, logorder
 from turnlog.application.database import Database
+from turnlog.application.logorder import LogTracking, Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel
 
 
+@dataclass(frozen=True)
+class LogPage:
+    """Rows of the log below the horizon, in log order, and what the horizon was."""
+
+    records: list[tuple[Place, Notification]]
+    horizon: int
+    # Rows committed past the horizon exist: an older transaction still runs,
+    # and they become readable when it ends (a reader may look again soon).
+    pending: bool = False
+
+    @property
+    def last(self) -> Place | None:
+        return self.records[-1][0] if self.records else None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
 class EventLog:
-    """Reading and decoding the namespace's event log."""
+    """Reading and decoding the namespace's event log, in log order, below the horizon."""
 
     def __init__(self, sessions: Sessions) -> None:
         recorder = sessions.recorder
@@ -35,34 +57,100 @@ class EventLog:
         self.datastore: PostgresDatastore = recorder.datastore
         self.schema = self.datastore.schema
         self.events_table = recorder.events_table_name
-        # The library NOTIFYs this channel in every insert transaction.
+        self.table = logorder.table(self.schema, self.events_table)
+        # The namespace's own channel; writers NOTIFY it after their commits.
         self.channel = recorder.channel_name
-
-    def read(self, after: int, limit: int, stop: int | None = None) -> Sequence[Notification]:
-        """Up to ``limit`` events after position ``after`` (and up to ``stop``), in log order."""
-        found: Sequence[Notification] = self.recorder.select_notifications(
-            start=after, limit=limit, stop=stop, inclusive_of_start=False
+        self._read = sql.SQL(
+            "WITH h AS (SELECT {horizon} AS x)"
+            " SELECT e.*, h.x::text AS horizon,"
+            "  EXISTS (SELECT 1 FROM {t} WHERE {xact} >= h.x) AS pending"
+            " FROM h LEFT JOIN LATERAL ("
+            "  SELECT notification_id, originator_id, originator_version, topic, state,"
+            "   {xact}::text AS xact FROM {t}"
+            "  WHERE {past} AND {xact} < h.x AND {stop}"
+            "  ORDER BY {order} LIMIT %s) e ON true"
+            " ORDER BY e.xact::xid8, e.notification_id"
         )
-        return found
 
-    def decode(self, notifications: Sequence[Notification]) -> list[tuple[Any, Tracking]]:
-        """Domain events with their tracking objects, decoded by the application's mapper."""
+    def read(self, after: Place, limit: int, stop: Place | None = None) -> LogPage:
+        """Up to ``limit`` events past ``after`` (and up to ``stop``), in log order.
+
+        Only rows below the horizon are read, with the horizon taken in the
+        same statement: the rows returned, and every row before them, are
+        final.
+        """
+        statement = self._read.format(
+            horizon=logorder.HORIZON,
+            t=self.table,
+            xact=logorder.XACT,
+            past=logorder.PAST,
+            stop=logorder.UP_TO if stop is not None else sql.SQL("true"),
+            order=logorder.LOG_ORDER,
+        )
+        params: list[Any] = [*after.params(), *(stop.params() if stop else ()), limit]
+        with self.datastore.get_connection() as conn:
+            rows = conn.execute(statement, params).fetchall()
+        records = [
+            (
+                Place(int(r["xact"]), int(r["notification_id"])),
+                Notification(
+                    id=int(r["notification_id"]),
+                    originator_id=r["originator_id"],
+                    originator_version=int(r["originator_version"]),
+                    topic=str(r["topic"]),
+                    state=bytes(r["state"]),
+                ),
+            )
+            for r in rows
+            if r["notification_id"] is not None
+        ]
+        first = rows[0] if rows else None
+        horizon = int(first["horizon"]) if first else 0
+        return LogPage(records, horizon, bool(first["pending"]) if first else False)
+
+    def decode(self, records: Sequence[tuple[Place, Notification]]) -> list[tuple[Any, Tracking]]:
+        """Domain events with their tracking objects (their places), by the application's mapper."""
         to_event = self.sessions.mapper.to_domain_event
         name = self.application_name
-        return [(to_event(n), Tracking(name, n.id)) for n in notifications]
+        return [
+            (to_event(n), LogTracking(name, place.position, place.xact)) for place, n in records
+        ]
 
-    def head(self) -> int:
-        """The last position in the log (0 when empty)."""
-        return self.recorder.max_notification_id() or 0
+    def place_of(self, position: int) -> Place:
+        """The place of the event at ``position`` (0: the start); InvalidPosition if none."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            return logorder.place_of(curs, self.table, position)
 
-    def count_after(self, position: int) -> int:
-        """How many events the log holds after ``position``."""
-        statement = sql.SQL("SELECT count(*) AS n FROM {}.{} WHERE notification_id > %s").format(
-            sql.Identifier(self.schema), sql.Identifier(self.events_table)
+    def head_place(self) -> Place:
+        """The last committed event in log order (also past the horizon); the start if none."""
+        statement = sql.SQL(
+            "SELECT {xact}::text AS x, notification_id FROM {t} ORDER BY {order} DESC LIMIT 1"
+        ).format(
+            xact=logorder.XACT,
+            t=self.table,
+            order=sql.SQL("{} DESC, notification_id").format(logorder.XACT),
         )
         with self.datastore.get_connection() as conn:
-            row = conn.execute(statement, (position,)).fetchone()
+            row = conn.execute(statement).fetchone()
+        return Place(int(row["x"]), int(row["notification_id"])) if row else Place.start()
+
+    def head(self) -> int:
+        """The position of the last committed event in log order (0 when empty)."""
+        return self.head_place().position
+
+    def count_after(self, place: Place) -> int:
+        """How many committed events the log holds past ``place``."""
+        statement = sql.SQL("SELECT count(*) AS n FROM {} WHERE {}").format(
+            self.table, logorder.PAST
+        )
+        with self.datastore.get_connection() as conn:
+            row = conn.execute(statement, place.params()).fetchone()
         return int(cast(Any, row)["n"]) if row else 0
+
+    def horizon(self) -> dict[str, Any]:
+        """The horizon, its age and the server process holding it back (see logorder)."""
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            return logorder.horizon_holder(curs)
 
     def close(self) -> None:
         self.sessions.close()

@@ -19,6 +19,7 @@ from psycopg import sql
 
 from turnlog.application.database import Database
 from turnlog.application.errors import InvalidCursor, InvalidQuery
+from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections import open_turns, sessions_view, tool_calls
@@ -109,13 +110,17 @@ class ReadModels:
         return _page(rows, limit, "tool_calls", lambda r: (r["requested_position"], r["call_id"]))
 
     def positions(self, names: Sequence[str] | None = None) -> dict[str, int]:
-        """Each read model's position (0 before its first batch), in one query."""
+        """Each read model's position: of the last event it processed (0 before the first)."""
+        return {name: place.position for name, place in self.places(names).items()}
+
+    def places(self, names: Sequence[str] | None = None) -> dict[str, Place]:
+        """Each read model's place in the log's order (the start before its first batch)."""
         models = read_models(names)
         statement = sql.SQL("SELECT {}").format(
             sql.SQL(", ").join(
                 sql.SQL(
-                    "coalesce((SELECT notification_id FROM {}.{} WHERE application_name = %s), 0)"
-                    " AS {}"
+                    "(SELECT ARRAY[coalesce(xact_id, '0'::xid8)::text, notification_id::text]"
+                    " FROM {}.{} WHERE application_name = %s) AS {}"
                 ).format(
                     sql.Identifier(self.events.schema),
                     sql.Identifier(m.tracking_table),
@@ -128,22 +133,30 @@ class ReadModels:
         with self.events.datastore.get_connection() as conn:
             row = conn.execute(statement, params).fetchone()
         values = list(row.values()) if isinstance(row, dict) else list(row or ())
-        return {m.name: int(v) for m, v in zip(models, values, strict=True)}
+        return {
+            m.name: Place(int(v[0]), int(v[1])) if v else Place.start()
+            for m, v in zip(models, values, strict=True)
+        }
 
     def wait_for(
         self, position: int | None, timeout: float, names: list[str] | None = None
     ) -> bool:
         """Wait (at most ``timeout`` s) until the read models have processed ``position``.
 
-        Every event is tracked, so any position of the log is reached once
-        processed. Returns False on timeout; never raises for a slow runner.
+        ``position`` names an event (a write's position); it is reached when
+        a read model's place is at or past that event's place in the log's
+        order, so every event before it has been processed too. Every event
+        is tracked, so any event is reached once processed. Returns False on
+        timeout; never raises for a slow runner. ``InvalidPosition`` when no
+        event of this log has that position.
         """
         if position is None or position <= 0:
             return True
         read_models(names)  # unknown names are refused before waiting
+        target = self.events.place_of(position)
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            if min(self.positions(names).values()) >= position:
+            if min(self.places(names).values()) >= target:
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:

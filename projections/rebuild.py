@@ -3,8 +3,11 @@
 Rebuild holds the read models' runner locks (so no runner writes meanwhile),
 resets each view (rows and position deleted in one transaction; the
 tracking table is never truncated), then folds the log in batches: many
-events per transaction and one tracking update per batch. A standby runner
-takes over from the rebuilt position when the locks are released.
+events per transaction and one tracking update per batch. It reads the log
+in its order and below the commit horizon, up to the head's place when it
+started (events committed later, or held back by an older transaction, are
+left to the runners). A standby runner takes over from the rebuilt place
+when the locks are released.
 
 Verify folds the log in memory up to each read model's position, with the
 same projection code, and compares the result with the live table row by
@@ -22,6 +25,7 @@ from typing import Any
 
 from turnlog.application.database import Database, connect
 from turnlog.application.errors import ProjectionBusy
+from turnlog.application.logorder import Place, place_of_tracking
 from turnlog.projections.catalog import ReadModel
 from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.rows import Key, Row, Table
@@ -41,7 +45,7 @@ class Rebuilt:
 
     names: list[str]
     events: int
-    position: int
+    position: int  # of the last event folded
     seconds: float
 
     @property
@@ -110,21 +114,22 @@ def rebuild(
         workers = [
             (view, model.projection(view)) for model, view in zip(models, views, strict=True)
         ]
-        head = events.head()  # events recorded from now on are left to the runners
-        total = events.count_after(0)
-        done = position = 0
+        head = events.head_place()  # events recorded from now on are left to the runners
+        total = events.count_after(Place.start())
+        done = 0
+        place = Place.start()
         report(done, total)
-        while position < head:
-            notifications = events.read(position, batch_size, stop=head)
-            if not notifications:
-                break
-            pairs = events.decode(notifications)
+        while place < head:
+            page = events.read(place, batch_size, stop=head)
+            if not page.records:
+                break  # the rest waits past the horizon: the runners will fold it
+            pairs = events.decode(page.records)
             for view, projection in workers:
-                fold_batch(view, projection, position, pairs)
-            position = notifications[-1].id
-            done += len(notifications)
+                fold_batch(view, projection, place, pairs)
+            place = page.records[-1][0]
+            done += len(page)
             report(done, max(total, done))
-    return Rebuilt([m.name for m in models], done, position, time.monotonic() - started)
+    return Rebuilt([m.name for m in models], done, place.position, time.monotonic() - started)
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ class Verified:
     """The result of verifying one read model."""
 
     name: str
-    position: int
+    position: int  # of the last event the read model processed
     rows: int
     differences: list[Difference] = field(default_factory=list)
 
@@ -167,28 +172,35 @@ def verify(events: EventLog, models: Sequence[ReadModel]) -> list[Verified]:
     ]
     folds = fold_in_memory(events, [(m, p) for m, (p, _) in zip(models, snapshots, strict=True)])
     return [
-        Verified(model.name, position, len(live), compare(model.table, live, fold.rows.all()))
-        for model, (position, live), fold in zip(models, snapshots, folds, strict=True)
+        Verified(model.name, place.position, len(live), compare(model.table, live, fold.rows.all()))
+        for model, (place, live), fold in zip(models, snapshots, folds, strict=True)
     ]
 
 
 def fold_in_memory(
-    events: EventLog, targets: Sequence[tuple[ReadModel, int]], *, batch_size: int = VERIFY_BATCH
+    events: EventLog,
+    targets: Sequence[tuple[ReadModel, Place]],
+    *,
+    batch_size: int = VERIFY_BATCH,
 ) -> list[MemoryView]:
-    """Fold the log into in-memory views, each up to its own position; one pass over the log."""
+    """Fold the log into in-memory views, each up to its own place; one pass over the log.
+
+    A read model's place was reached below the horizon, so every event up to
+    it is readable now.
+    """
     views = [model.memory_view() for model, _ in targets]
     projections = [model.projection(view) for (model, _), view in zip(targets, views, strict=True)]
-    stop = max((position for _, position in targets), default=0)
-    position = 0
-    while position < stop:
-        notifications = events.read(position, batch_size, stop=stop)
-        if not notifications:
+    stop = max((place for _, place in targets), default=Place.start())
+    place = Place.start()
+    while place < stop:
+        page = events.read(place, batch_size, stop=stop)
+        if not page.records:
             break
-        for event, tracking in events.decode(notifications):
+        for event, tracking in events.decode(page.records):
             for (_, upto), projection in zip(targets, projections, strict=True):
-                if tracking.notification_id <= upto:
+                if place_of_tracking(tracking) <= upto:
                     projection.process_event(event, tracking)
-        position = notifications[-1].id
+        place = page.records[-1][0]
     return views
 
 

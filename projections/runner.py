@@ -6,10 +6,17 @@ Each runner holds, on a dedicated connection of its own:
   holder processes events, every other process's runner waits as a hot
   standby and takes over within ``STANDBY_INTERVAL`` of the holder dying
   (the server drops the lock with the dead connection);
-- ``LISTEN`` on the log's channel, for low latency. The library's
+- ``LISTEN`` on the namespace's channel, for low latency. The library's
   subscription has no fallback when notifications stop (a dead or silently
   partitioned listener); here every wait is bounded by ``poll_interval``,
   after which the runner reads the log anyway.
+
+The runner reads the log in its order, below the commit horizon, and keeps
+its place as a (transaction id, position) pair (``application.logorder``).
+When committed events wait past the horizon (an older transaction still
+runs), it looks again every ``HELD_POLL`` seconds: the transaction holding
+them back may end without a notification (a client outside turnlog, a
+crashed writer).
 
 Events are applied in batches, one transaction per batch (see
 ``projections.view``). Any error ends the runner's leadership (its
@@ -49,6 +56,7 @@ LOCK_CHECK_INTERVAL = 1.0  # during a long catch-up, how often the lock connecti
 MIN_BACKOFF = 0.2
 MAX_BACKOFF = 5.0
 HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minimum backoff
+HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
 
 
 def projection_lock_key(namespace: str, name: str) -> int:
@@ -66,7 +74,7 @@ class RunnerState:
 
     name: str
     state: str = "starting"  # standby | active | retrying | stopped
-    position: int = 0
+    position: int = 0  # of the last event processed
     restarts: int = 0
     last_error: str = ""
 
@@ -141,20 +149,21 @@ class ReadModelRunner:
                 conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._events.channel)))
             self.state.state = "active"
             log.info("projection %s: this process is the active runner", self.model.name)
-            position = view.position(self._events.application_name)
-            self.state.position = position
+            place = view.position(self._events.application_name)
+            self.state.position = place.position
             checked = time.monotonic()
             while not self._stopping.is_set():
-                notifications = self._events.read(position, self._batch_size)
-                if notifications:
-                    pairs = self._events.decode(notifications)
-                    position = fold_batch(view, projection, position, pairs)
-                    self.state.position = position
+                page = self._events.read(place, self._batch_size)
+                if page.records:
+                    pairs = self._events.decode(page.records)
+                    place = fold_batch(view, projection, place, pairs)
+                    self.state.position = place.position
                     if time.monotonic() - checked > LOCK_CHECK_INTERVAL:
                         conn.execute("SELECT 1")  # still connected, so still the lock holder
                         checked = time.monotonic()
-                    continue
-                self._wait(conn)
+                    if len(page) == self._batch_size or page.pending:
+                        continue
+                self._wait(conn, HELD_POLL if page.pending else self._poll_interval)
                 checked = time.monotonic()
 
     def _acquire(self, conn: psycopg.Connection[Any]) -> bool:
@@ -168,10 +177,10 @@ class ReadModelRunner:
             self._stopping.wait(STANDBY_INTERVAL)
         return False
 
-    def _wait(self, conn: psycopg.Connection[Any]) -> None:
-        """Until a notification, or ``poll_interval`` at most; raises if the connection died."""
+    def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> None:
+        """Until a notification, or ``timeout`` at most; raises if the connection died."""
         if self._listen:
-            for _ in conn.notifies(timeout=self._poll_interval, stop_after=1):
+            for _ in conn.notifies(timeout=timeout, stop_after=1):
                 break
             # Drain what else arrived: one read covers them all, and a backlog
             # left behind would grow without bound and make every wait return
@@ -180,7 +189,7 @@ class ReadModelRunner:
                 pass
         else:
             conn.execute("SELECT 1")
-            self._stopping.wait(self._poll_interval)
+            self._stopping.wait(timeout)
 
 
 class ProjectionSupervisor:

@@ -21,13 +21,15 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from eventsourcing.persistence import Tracking, TrackingRecorder
+from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
 from eventsourcing.projection import Projection
 from psycopg import Cursor, sql
 from psycopg.rows import DictRow
 
+from turnlog.application import logorder
 from turnlog.application.errors import ProjectionConflict
+from turnlog.application.logorder import Place, place_of_tracking
 from turnlog.projections.rows import Key, Row, Rows, Table, storable_key
 
 
@@ -47,7 +49,7 @@ class MemoryView(ReadModelView):
     def __init__(self, table: Table) -> None:
         self.table = table
         self.rows = Rows(table)
-        self._positions: dict[str, int] = {}
+        self._positions: dict[str, Place] = {}
 
     @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
@@ -56,11 +58,12 @@ class MemoryView(ReadModelView):
         self.rows.clear_pending()
 
     def insert_tracking(self, tracking: Tracking) -> None:
-        current = self._positions.get(tracking.application_name, 0)
-        self._positions[tracking.application_name] = max(current, tracking.notification_id)
+        current = self._positions.get(tracking.application_name, Place.start())
+        self._positions[tracking.application_name] = max(current, place_of_tracking(tracking))
 
     def max_tracking_id(self, application_name: str) -> int | None:
-        return self._positions.get(application_name)
+        place = self._positions.get(application_name)
+        return place.position if place is not None else None
 
 
 class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
@@ -69,6 +72,12 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
     The table is named after the tracking table (``<name>_tracking`` →
     ``<name>``), so the library's factory, which names the tracking table
     after the projection, also decides the view's table.
+
+    The tracking row holds a *place* in the log's order (``xact_id``,
+    ``notification_id``; see ``application.logorder``). A row written by
+    older code has no ``xact_id``: it stands for (0, position), which is
+    exactly what it meant then (every event up to that position, all of them
+    stored before transaction ids were recorded).
     """
 
     def __init__(
@@ -78,14 +87,14 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         self.table_name = tracking_table_name.removesuffix("_tracking")
         self.check_identifier_length(self.table_name)
         self._batch: Rows | None = None
-        self._batch_position: int | None = None
+        self._batch_position: Place | None = None
         self._compose_statements()
 
     # ---------------------------------------------------------------- writing
 
     @contextmanager
     def batch(
-        self, application_name: str, expected: int | None, scopes: Iterable[Key]
+        self, application_name: str, expected: Place | None, scopes: Iterable[Key]
     ) -> Iterator[None]:
         """Fold many events in one transaction with one tracking update.
 
@@ -106,12 +115,12 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
                 self._batch = None
             if self._batch_position is not None:
                 self._flush(curs, rows)
-                self._insert_tracking(curs, Tracking(application_name, self._batch_position))
+                self._insert_place(curs, application_name, self._batch_position)
 
     @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
         if self._batch is not None:
-            self._batch_position = tracking.notification_id
+            self._batch_position = place_of_tracking(tracking)
             yield self._batch
             return
         # One event, one transaction: the library's pattern.
@@ -125,9 +134,23 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
     def insert_tracking(self, tracking: Tracking) -> None:
         """Track an event the projection ignores (inside a batch: at the batch's end)."""
         if self._batch is not None:
-            self._batch_position = tracking.notification_id
+            self._batch_position = place_of_tracking(tracking)
             return
         super().insert_tracking(tracking)
+
+    def _insert_tracking(self, curs: Cursor[DictRow], tracking: Tracking) -> None:
+        """Record ``tracking``'s place; IntegrityError unless it is past the recorded one."""
+        self._insert_place(curs, tracking.application_name, place_of_tracking(tracking))
+
+    def _insert_place(self, curs: Cursor[DictRow], application_name: str, place: Place) -> None:
+        found = curs.execute(
+            self._upsert_place, (application_name, place.position, str(place.xact)), prepare=True
+        ).fetchone()
+        if found is None:
+            raise IntegrityError(
+                f"Failed to record tracking for {application_name} {place.position}"
+                f" (transaction {place.xact}): not past the recorded place"
+            )
 
     def reset(self, application_name: str) -> None:
         """Delete every row and the position, in one transaction (never TRUNCATE tracking)."""
@@ -137,8 +160,11 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
 
     # ---------------------------------------------------------------- reading
 
-    def position(self, application_name: str) -> int:
-        return self.max_tracking_id(application_name) or 0
+    def position(self, application_name: str) -> Place:
+        """The place of the last event processed (the start before the first)."""
+        with self.datastore.get_connection() as conn:
+            found = conn.execute(self._select_position, (application_name,)).fetchone()
+        return _place(found)
 
     def select(
         self,
@@ -186,7 +212,7 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
 
     def snapshot(
         self, application_name: str, filters: Mapping[str, Any] | None = None
-    ) -> tuple[int, list[Row]]:
+    ) -> tuple[Place, list[Row]]:
         """The position and the rows (matching ``filters``) as one consistent snapshot."""
         filters = filters or {}
         conditions = [sql.SQL("{} = %s").format(sql.Identifier(c)) for c in filters]
@@ -199,20 +225,21 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             found = conn.execute(self._select_position, (application_name,)).fetchone()
             rows = [dict(r) for r in conn.execute(statement, list(filters.values())).fetchall()]
-        return (found["notification_id"] if found else 0), rows
+        return _place(found), rows
 
     # ---------------------------------------------------------------- SQL
 
     def _claim_position(
-        self, curs: Cursor[DictRow], application_name: str, expected: int | None
+        self, curs: Cursor[DictRow], application_name: str, expected: Place | None
     ) -> None:
         curs.execute(self._ensure_position, (application_name,), prepare=True)
         found = curs.execute(self._lock_position, (application_name,), prepare=True).fetchone()
-        current = found["notification_id"] if found else 0
-        if current != (expected or 0):
+        current, wanted = _place(found), expected or Place.start()
+        if current != wanted:
             raise ProjectionConflict(
-                f"{self.table_name} is at position {current}, not {expected or 0}: "
-                "another runner advanced it"
+                f"{self.table_name} is at position {current.position} (transaction"
+                f" {current.xact}), not {wanted.position} (transaction {wanted.xact}):"
+                " another runner advanced it"
             )
 
     def _load(self, curs: Cursor[DictRow], scopes: Iterable[Key]) -> Rows:
@@ -294,21 +321,44 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
             "INSERT INTO {} (application_name, notification_id) VALUES (%s, 0)"
             " ON CONFLICT (application_name) DO NOTHING"
         ).format(tracking)
+        place = sql.SQL("notification_id, coalesce(xact_id, '0'::xid8)::text AS xact")
         self._lock_position = sql.SQL(
-            "SELECT notification_id FROM {} WHERE application_name = %s FOR UPDATE"
-        ).format(tracking)
-        self._select_position = sql.SQL(
-            "SELECT notification_id FROM {} WHERE application_name = %s"
-        ).format(tracking)
+            "SELECT {} FROM {} WHERE application_name = %s FOR UPDATE"
+        ).format(place, tracking)
+        self._select_position = sql.SQL("SELECT {} FROM {} WHERE application_name = %s").format(
+            place, tracking
+        )
+        self._upsert_place = sql.SQL(
+            "INSERT INTO {t} AS r (application_name, notification_id, xact_id)"
+            " VALUES (%s, %s, %s::xid8) ON CONFLICT (application_name) DO UPDATE"
+            " SET notification_id = EXCLUDED.notification_id, xact_id = EXCLUDED.xact_id"
+            " WHERE (coalesce(r.xact_id, '0'::xid8), r.notification_id)"
+            "  < (EXCLUDED.xact_id, EXCLUDED.notification_id)"
+            " RETURNING notification_id"
+        ).format(t=tracking)
+        # Tracking tables made by older code gain the column (NULL: transaction 0).
+        self.sql_create_statements.append(
+            logorder.add_column_statement(
+                self.datastore.schema,
+                self.tracking_table_name,
+                sql.SQL("ALTER TABLE {} ADD COLUMN xact_id xid8;").format(tracking),
+            )
+        )
+
+
+def _place(found: Any) -> Place:
+    if not found:
+        return Place.start()
+    return Place(int(found["xact"]), int(found["notification_id"] or 0))
 
 
 def fold_batch(
     view: PostgresReadModelView,
     projection: Projection[ReadModelView],
-    expected: int,
+    expected: Place,
     events: Sequence[tuple[Any, Tracking]],
-) -> int:
-    """Apply decoded events to the view as one batch; returns the new position."""
+) -> Place:
+    """Apply decoded events to the view as one batch; returns the new place."""
     if not events:
         return expected
     scopes = [s for s in (view.table.scope_of(e) for e, _ in events) if s is not None]
@@ -316,4 +366,4 @@ def fold_batch(
     with view.batch(application_name, expected, scopes):
         for event, tracking in events:
             projection.process_event(event, tracking)
-    return events[-1][1].notification_id
+    return place_of_tracking(events[-1][1])

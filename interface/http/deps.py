@@ -14,7 +14,7 @@ from fastapi import Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.errors import DatabaseUnavailable, InvalidPosition
 from turnlog.application.history import History
 from turnlog.application.pool import fail_fast
 from turnlog.application.runtime import Runtime
@@ -147,21 +147,19 @@ async def caught_up(
 ) -> None:
     """Wait until read model ``name`` reached ``min_position``, else ReadModelLagging (503).
 
-    A position past the end of the log was never handed out by a write: that
-    is the client's mistake (422), not something worth waiting for.
+    ``min_position`` is the position of an event (as a write returned it). A
+    position past the end of the log, or one that names no event of this
+    namespace's log (another namespace's, a rolled-back insert's), was never
+    handed out by a write here: that is the client's mistake (422), not
+    something worth waiting for.
     """
     if min_position is None:
         return
-    history = state.history
-    if history is not None:
-        head = await run_in_threadpool(history.head)
-        if min_position > head:
-            raise InvalidRequest(
-                f"min_position {min_position} is past the end of the log (position {head})",
-                head=head,
-            )
     timeout = state.options.min_position_timeout
-    reached = await run_in_threadpool(read_models.wait_for, min_position, timeout, [name])
+    try:
+        reached = await run_in_threadpool(read_models.wait_for, min_position, timeout, [name])
+    except InvalidPosition as exc:
+        raise InvalidRequest(f"min_position: {exc.detail}", **exc.extra) from None
     if not reached:
         raise ReadModelLagging(
             f"the read model has not reached position {min_position} within {timeout:g}s",

@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from turnlog.application.history import count_topics
+from turnlog.application.logorder import Place
 from turnlog.domain.session import Session
 from turnlog.interface.metrics import register_process_metrics
 
@@ -88,7 +89,7 @@ class _LogCollector(Collector):
         self.parts = parts
         self.streams = streams
         self._lock = threading.Lock()
-        self._position: int | None = None
+        self._position: Place | None = None  # where to count on from, in the log's order
         self._turns: dict[str, int] = dict.fromkeys(TURN_OUTCOMES.values(), 0)
         self._calls: dict[str, int] = dict.fromkeys(CALL_OUTCOMES.values(), 0)
 
@@ -129,7 +130,7 @@ class _LogCollector(Collector):
     def _count_new(self, sessions: Any) -> None:
         topics = [*TURN_OUTCOMES, *CALL_OUTCOMES]
         if self._position is None:
-            _, self._position = count_topics(sessions, 2**62, topics)  # just the position
+            _, self._position = count_topics(sessions, None, topics)  # just the place
             return
         counts, self._position = count_topics(sessions, self._position, topics)
         for topic, n in counts.items():

@@ -1,13 +1,13 @@
 """Wake-ups on new events: one LISTEN connection per process, shared by every waiter.
 
-The eventsourcing library sends ``NOTIFY sessions_events`` inside every
-insert transaction, so the notification arrives when the events are
+Writers send ``NOTIFY`` on the namespace's own channel after their commits
+(``application.recorder``), so the notification arrives once the events are
 committed. Waiters (``?wait=``, live event streams) take the current
 ``asyncio.Event`` *before* they read the database, then wait on it: a commit
-that lands after their read always wakes them, so no event is missed. The
-channel is shared by every namespace on the server, so some wake-ups are for
-nothing; waiters simply read again. When the LISTEN connection is down,
-waiters still poll at ``fallback`` seconds.
+whose notification comes after their read always wakes them. A notification
+can be lost (a writer killed between its commit and its ``NOTIFY``), so
+waiters also poll at ``fallback`` seconds, as they do while the LISTEN
+connection is down.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import psycopg
 from psycopg import sql
 
 log = logging.getLogger("turnlog.http")
-
-CHANNEL = "sessions_events"
 
 
 class LogPulse:
@@ -50,9 +48,10 @@ class LogPulse:
         event, self._event = self._event, asyncio.Event()
         event.set()
 
-    def start(self, conninfo: str) -> None:
+    def start(self, conninfo: str, channel: str) -> None:
+        """LISTEN on ``channel`` (the namespace's: ``recorder.channel_name``)."""
         if self._task is None:
-            self._task = asyncio.create_task(self._listen(conninfo), name="turnlog-pulse")
+            self._task = asyncio.create_task(self._listen(conninfo, channel), name="turnlog-pulse")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -62,11 +61,11 @@ class LogPulse:
             self._task = None
         self.pulse()  # release every waiter so it re-checks and sees the shutdown
 
-    async def _listen(self, conninfo: str) -> None:
+    async def _listen(self, conninfo: str, channel: str) -> None:
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+                    await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.listening = True
                     async for _ in conn.notifies():
                         self.pulse()

@@ -48,12 +48,18 @@ async def session_events(
     as JSON) that follows new events until the client disconnects; resume
     with `Last-Event-ID` (a version) without losing or repeating an event.
     A comment line is sent every 15 s when nothing happens. The number of
-    open streams is bounded: over it, 503 `too_many_streams`.
+    open streams is bounded: over it, 503 `too_many_streams`. An `after` or
+    `Last-Event-ID` past the session's last version was not handed out for
+    this session: 422, never a stream that waits for versions that may
+    never come.
     """
     if "text/event-stream" in request.headers.get("accept", ""):
-        start = _last_event_id(request) or after
-        if not await run_in_threadpool(history.exists, session_id):
+        resume = _last_event_id(request)
+        start = resume or after
+        last = await run_in_threadpool(history.last_version, session_id)
+        if last is None:
             raise SessionNotFound(f"session {session_id} not found")
+        _check_version("Last-Event-ID" if resume else "after", start, last)
         release = state.streams.acquire()
         options = state.options
         stream = follow(
@@ -67,13 +73,25 @@ async def session_events(
         )
         return EventStreamResponse(stream, release)
     events = await run_in_threadpool(history.events, session_id, after, limit)
-    if not events and not await run_in_threadpool(history.exists, session_id):
-        raise SessionNotFound(f"session {session_id} not found")
+    if not events:
+        last = await run_in_threadpool(history.last_version, session_id)
+        if last is None:
+            raise SessionNotFound(f"session {session_id} not found")
+        _check_version("after", after, last)
     return EventsPage(
         session_id=session_id,
         events=[EventOut.model_validate(e, from_attributes=True) for e in events],
         next_after=events[-1].version if events else after,
     )
+
+
+def _check_version(what: str, version: int, last: int) -> None:
+    if version > last:
+        raise InvalidRequest(
+            f"{what} {version} is past the session's last version ({last}): not a version"
+            " of this session's events",
+            last_version=last,
+        )
 
 
 def _last_event_id(request: Request) -> int | None:
@@ -84,6 +102,6 @@ def _last_event_id(request: Request) -> int | None:
         value = int(raw.strip())
     except ValueError:
         value = -1
-    if value < 0:
+    if not 0 <= value <= 2**62:
         raise InvalidRequest("Last-Event-ID must be an event version (a non-negative integer)")
     return value
