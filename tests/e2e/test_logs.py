@@ -124,6 +124,38 @@ def test_json_logs_carry_request_and_execution_ids_and_never_a_secret(
     assert stub.requests[0].headers["authorization"] == f"Bearer {KEY}"  # it was really used
 
 
+def test_a_large_body_does_not_lend_its_ids_to_later_requests_on_the_connection(
+    settings: Settings, tmp_path: Path, stub: StubOpenAI
+) -> None:
+    """A body over the server's read buffer (64 KiB) pauses and resumes reading from inside
+    its request; later requests on the keep-alive connection logged with its session id."""
+    log = tmp_path / "serve.log"
+    proc, url = serve(settings, log, stub)
+    try:
+        first, second = new_session(url), new_session(url)
+        with httpx.Client(base_url=url, headers=AUTH, timeout=30) as client:
+            big = client.post(f"/v1/sessions/{first}/turns", json={"message": "x" * (70 * 1024)})
+            assert big.status_code == 422  # too long a message; the body was read whole
+            for _ in range(3):
+                assert client.get("/healthz").status_code == 200
+            assert client.get(f"/v1/sessions/{second}").status_code == 200
+            assert client.get("/v1/sessions").status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=40)
+
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    access = [e for e in lines if e["logger"] == "uvicorn.access"]
+    big_line = next(e for e in access if f"/v1/sessions/{first}/turns" in e["message"])
+    assert big_line["session_id"] == first
+    later = access[access.index(big_line) + 1 :]
+    assert [e["message"].split('"')[1].split()[1] for e in later] == (
+        ["/healthz"] * 3 + [f"/v1/sessions/{second}", "/v1/sessions"]
+    )
+    assert [e.get("session_id") for e in later] == [None, None, None, second, None]
+    assert len({e["request_id"] for e in later}) == len(later)
+
+
 def test_the_images_healthcheck_programs_pass_against_a_running_server(
     settings: Settings, tmp_path: Path, stub: StubOpenAI
 ) -> None:
