@@ -7,13 +7,16 @@ tools are run again when their owner died mid-call; ``side_effecting`` ones
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
 from turnlog.application.sandbox_files import SandboxPathError, append_line, path_parts
 from turnlog.domain.turns import Effect, ToolProcess
@@ -122,39 +125,63 @@ class ToolRegistry:
         return [self._tools[n].spec for n in chosen if n in self._tools]
 
 
-_JSON_TYPES: Mapping[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-}
+_JSON_TYPES = ("string", "integer", "number", "boolean", "object", "array")
+MAX_ARGUMENT_ERRORS = 5  # named in one refusal; the rest are counted
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
 
 
 def check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> None:
-    """Check arguments against the (flat) JSON schema of a tool's parameters."""
-    properties: dict[str, Any] = spec.parameters.get("properties", {})
-    for name in spec.parameters.get("required", []):
-        if name not in arguments:
-            raise ToolError(f"{spec.name}: missing required argument {name!r}")
-    for name, value in arguments.items():
-        if name not in properties:
-            if spec.parameters.get("additionalProperties", True) is False:
-                raise ToolError(f"{spec.name}: unexpected argument {name!r}")
-            continue
-        expected = properties[name].get("type")
-        types = _JSON_TYPES.get(expected, (object,)) if isinstance(expected, str) else (object,)
-        is_bool = isinstance(value, bool)
-        if not isinstance(value, types) or (is_bool and expected in ("integer", "number")):
-            raise ToolError(f"{spec.name}: argument {name!r} must be of type {expected}")
+    """Check arguments against the tool's parameters, a JSON Schema (Draft 2020-12).
+
+    Everything the schema says is enforced — types, ``enum``, ``pattern``,
+    ``minimum``/``maximum``, lengths, nested objects and arrays — before the
+    tool runs. A refusal is a ``ToolError`` naming each failing argument; the
+    model is answered with it and the tool is never executed.
+    """
+    validator = _validator(json.dumps(spec.parameters, sort_keys=True))
+    errors = sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return
+    reasons = [_reason(e) for e in errors[:MAX_ARGUMENT_ERRORS]]
+    if len(errors) > MAX_ARGUMENT_ERRORS:
+        reasons.append(f"and {len(errors) - MAX_ARGUMENT_ERRORS} more")
+    raise ToolError(f"{spec.name}: invalid arguments: " + "; ".join(reasons))
+
+
+def _reason(error: ValidationError) -> str:
+    """One failing argument, in words a model (and an operator) can act on."""
+    where = "".join(
+        f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p))
+        for i, p in enumerate(error.absolute_path)
+    )
+    subject = f"argument {where!r}" if where else "the arguments"
+    instance, schema, expected = error.instance, error.schema, error.validator_value
+    if error.validator == "required" and isinstance(instance, dict) and isinstance(expected, list):
+        missing = [n for n in expected if n not in instance]
+        return f"{subject}: missing required argument {missing[0]!r}".removeprefix(
+            "the arguments: "
+        )
+    if error.validator == "additionalProperties" and isinstance(instance, dict):
+        allowed = set(schema.get("properties", {})) if isinstance(schema, dict) else set()
+        extra = sorted(k for k in instance if k not in allowed)
+        if extra:
+            names = ", ".join(repr(k) for k in extra)
+            return f"unexpected argument {names}" + (f" in {subject}" if where else "")
+    if error.validator == "type":
+        return f"{subject} must be of type {expected}"
+    return f"{subject}: {error.message}"
 
 
 def check_parameters_schema(parameters: Any) -> None:
     """Refuse a parameters schema that ``check_arguments`` (and a model) cannot use.
 
-    It must describe an object: ``properties`` maps names to schemas whose
-    ``type``, when given, is a JSON type; ``required`` lists declared names.
+    It must be a valid JSON Schema (Draft 2020-12) describing an object:
+    ``properties`` maps names to schemas whose ``type``, when given, is a JSON
+    type; ``required`` lists declared names.
     """
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
         raise ValueError('parameters must be a JSON schema with "type": "object"')
@@ -174,6 +201,14 @@ def check_parameters_schema(parameters: Any) -> None:
         raise ValueError("parameters.required must list names declared in parameters.properties")
     if not isinstance(parameters.get("additionalProperties", True), bool):
         raise ValueError("parameters.additionalProperties must be true or false")
+    try:
+        Draft202012Validator.check_schema(parameters)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise ValueError(
+            f"parameters is not a valid JSON Schema (Draft 2020-12)"
+            f"{' at ' + where if where else ''}: {exc.message}"
+        ) from None
 
 
 def _echo(arguments: dict[str, Any], context: ToolContext) -> Any:
@@ -249,7 +284,10 @@ def builtin_tools() -> list[Tool]:
             ToolSpec(
                 "sleep",
                 "Wait for a number of seconds, then return.",
-                _object({"seconds": {"type": "number"}}, ["seconds"]),
+                _object(
+                    {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}},
+                    ["seconds"],
+                ),
                 Effect.READ_ONLY,
             ),
             _sleep,
@@ -262,7 +300,11 @@ def builtin_tools() -> list[Tool]:
                     {
                         "path": {"type": "string"},
                         "text": {"type": "string"},
-                        "delay_seconds": {"type": "number"},
+                        "delay_seconds": {
+                            "type": "number",
+                            "minimum": 0,
+                            "maximum": MAX_SLEEP_SECONDS,
+                        },
                     },
                     ["path", "text"],
                 ),

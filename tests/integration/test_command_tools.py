@@ -395,3 +395,42 @@ def test_each_call_gets_an_idempotency_key_unique_across_sessions_and_namespaces
         assert key == idempotency_key(settings.namespace, str(sid), call.call_id)
     other_namespace = idempotency_key("elsewhere", str(first), calls[0].call_id)
     assert other_namespace != seen[0][1]
+
+
+DEPLOY_TOML = """
+[[tools]]
+name = "deploy"
+description = "Deploy to an environment."
+command = ["printf", "deployed to %s", "{env}"]
+
+[tools.parameters]
+type = "object"
+required = ["env"]
+additionalProperties = false
+[tools.parameters.properties.env]
+type = "string"
+enum = ["staging", "prod"]
+"""
+
+
+def test_arguments_outside_a_declared_enum_are_answered_as_an_error_and_never_run(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    tools_file = tmp_path / "tools.toml"
+    tools_file.write_text(DEPLOY_TOML)
+    rt = build_runtime(settings.model_copy(update={"tools_file": tools_file}))
+    try:
+        session_id = new_session(rt)
+        refused = call_tool(rt, session_id, "deploy", {"env": "--help; not-an-env"})
+        assert refused.state == "failed"
+        assert "argument 'env': '--help; not-an-env' is not one of" in refused.error
+        topics = [r[3] for r in raw_events(database, settings.namespace, session_id)]
+        assert not any("ToolCallProcessStarted" in t for t in topics)  # nothing was spawned
+        assert any("ToolCallFailed" in t for t in topics)  # recorded
+        # The model was answered with the error (the fixture provider repeats it).
+        reply = rt.sessions.get_session(session_id).turns[-1].reply
+        assert reply.startswith("Tool deploy returned:") and "is not one of" in reply
+        ran = call_tool(rt, session_id, "deploy", {"env": "staging"})
+        assert ran.result["stdout"] == "deployed to staging"
+    finally:
+        rt.close()

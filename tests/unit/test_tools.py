@@ -160,7 +160,8 @@ def test_sleep_of_zero_seconds_returns_at_once(context: ToolContext) -> None:
 
 @pytest.mark.parametrize("seconds", [-0.001, MAX_SLEEP_SECONDS + 1, float("inf"), float("nan")])
 def test_sleep_refuses_seconds_outside_its_bounds(seconds: float, context: ToolContext) -> None:
-    with pytest.raises(ToolError, match="between 0 and 300"):
+    # By its schema (minimum, maximum), or, for NaN, which compares with nothing, by the tool.
+    with pytest.raises(ToolError, match="between 0 and 300|the (minimum|maximum) of"):
         run("sleep", {"seconds": seconds}, context)
 
 
@@ -269,3 +270,67 @@ def test_idempotency_key_is_stable_for_a_call_and_differs_for_any_other() -> Non
     attempt_1 = ToolContext("s-1", "call_1", 1, Path("."), namespace="prod")
     attempt_2 = ToolContext("s-1", "call_1", 2, Path("."), namespace="prod")
     assert attempt_1.idempotency_key == attempt_2.idempotency_key == key
+
+
+DEPLOY = ToolSpec(
+    "deploy",
+    "test",
+    {
+        "type": "object",
+        "required": ["env"],
+        "additionalProperties": False,
+        "properties": {
+            "env": {"type": "string", "enum": ["staging", "prod"]},
+            "tag": {"type": "string", "pattern": "^v[0-9]+$", "maxLength": 8},
+            "replicas": {"type": "integer", "minimum": 1, "maximum": 5},
+            "labels": {"type": "array", "items": {"type": "string", "minLength": 1}},
+            "limits": {
+                "type": "object",
+                "properties": {"cpu": {"type": "number", "exclusiveMinimum": 0}},
+                "additionalProperties": False,
+            },
+        },
+    },
+)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"env": "--help; not-an-env"}, "argument 'env': '--help; not-an-env' is not one of"),
+        ({"env": "prod", "tag": "latest"}, "argument 'tag': 'latest' does not match"),
+        ({"env": "prod", "tag": "v123456789"}, "argument 'tag': 'v123456789' is too long"),
+        ({"env": "prod", "replicas": 0}, "argument 'replicas': 0 is less than the minimum"),
+        ({"env": "prod", "replicas": 9}, "argument 'replicas': 9 is greater than the maximum"),
+        ({"env": "prod", "labels": ["a", ""]}, "argument 'labels[1]': '' should be non-empty"),
+        ({"env": "prod", "limits": {"cpu": 0}}, "argument 'limits.cpu': 0 is less than or equal"),
+        ({"env": "prod", "limits": {"gpu": 1}}, "unexpected argument 'gpu' in argument 'limits'"),
+    ],
+)
+def test_everything_the_json_schema_says_is_enforced(arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(ToolError) as refused:
+        check_arguments(DEPLOY, arguments)
+    assert named in str(refused.value)
+
+
+def test_arguments_that_meet_the_whole_schema_pass() -> None:
+    check_arguments(
+        DEPLOY,
+        {"env": "prod", "tag": "v12", "replicas": 3, "labels": ["x"], "limits": {"cpu": 0.5}},
+    )
+
+
+def test_the_built_in_tools_bound_their_delays_in_their_schemas() -> None:
+    tools = {t.spec.name: t.spec for t in builtin_tools()}
+    with pytest.raises(ToolError, match="argument 'seconds': -1 is less than the minimum"):
+        check_arguments(tools["sleep"], {"seconds": -1})
+    with pytest.raises(ToolError, match="'delay_seconds': 301 is greater than the maximum"):
+        check_arguments(tools["append_file"], {"path": "a", "text": "b", "delay_seconds": 301})
+
+
+def test_a_parameters_schema_that_is_not_valid_json_schema_is_refused() -> None:
+    from turnlog.application.tools import check_parameters_schema
+
+    bad = {"type": "object", "properties": {"n": {"type": "integer", "minimum": "one"}}}
+    with pytest.raises(ValueError, match=r"not a valid JSON Schema \(Draft 2020-12\)"):
+        check_parameters_schema(bad)
