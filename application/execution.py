@@ -28,6 +28,13 @@ from turnlog.application.observer import Observer, Unobserved
 from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
 from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.sessions import Sessions
+from turnlog.application.tool_errors import (
+    MAX_ERROR_CHARS,
+    error_text,
+    log_text,
+    shorten,
+    without_paths,
+)
 from turnlog.application.tools import ToolContext, ToolError, ToolRegistry
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
@@ -220,7 +227,7 @@ class Executor:
             session,
             claim,
             lambda s: s.record_tool_failed(
-                turn_id, claim, call_id, attempt, storable_text(str(value))
+                turn_id, claim, call_id, attempt, self._public_error(str(value), context.sandbox)
             ),
         )
 
@@ -239,6 +246,17 @@ class Executor:
         return ToolContext(
             str(session.id), call_id, attempt, sandbox, report_process, self.namespace
         )
+
+    def _public_error(self, text: str, sandbox: Path) -> str:
+        """A tool's error as it may leave the process: short, no host path, storable.
+
+        It is stored, shown by the API and sent to the model; an OSError's
+        message names the absolute path of the sandbox, which none of them needs.
+        """
+        places = [(str(sandbox), "<sandbox>"), (str(self.sandbox_root), "<sandboxes>")]
+        if self.sandbox_root.parent.name == "sandboxes":
+            places.append((str(self.sandbox_root.parent.parent), "<data dir>"))
+        return storable_text(shorten(without_paths(text, places), MAX_ERROR_CHARS))
 
     def _timed_invoke(
         self, tool: Any, name: str, arguments: dict[str, Any], context: ToolContext
@@ -271,8 +289,9 @@ class Executor:
             # tool's failure, and nothing more may be recorded under this claim.
             raise
         except Exception as exc:  # a tool's own bug is that call's failure
-            log.warning("tool raised", exc_info=True)
-            return "failed", f"{type(exc).__name__}: {exc}"
+            # Bounded: one tool's chain of exceptions once made a 3 MB log record.
+            log.warning("tool raised: %s", log_text(exc))
+            return "failed", error_text(exc)
 
     def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
         return self._write_result(session, claim, decide)[2]
