@@ -38,7 +38,6 @@ from turnlog.application.tool_errors import (
 from turnlog.application.tools import ToolContext, ToolError, ToolRegistry
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
-from turnlog.domain.request import next_request
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect, ToolProcess, Turn, TurnState
 from turnlog.domain.values import check_storable, storable_text
@@ -100,6 +99,11 @@ class Executor:
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
         while True:
+            if not session.turn_state(turn_id).is_open:
+                # The session keeps only a summary of a finished turn: read it back.
+                turn = self.sessions.turn_record(session_id, turn_id)[1]
+                self._report_end(turn)
+                return turn
             turn = session.turn(turn_id)
             step = next_step(session, turn, self.max_steps)
             if step.action is Action.WAIT or (stop is not None and stop.is_set()):
@@ -145,7 +149,7 @@ class Executor:
         raise AssertionError(f"unhandled action {action}")
 
     def _call_model(self, session: Session, turn_id: str, claim: int) -> Session:
-        request = next_request(session)
+        request = self.sessions.request_for(session)
         started = time.monotonic()
         try:
             reply = self.providers.get(session.provider).complete(request)

@@ -54,12 +54,12 @@ class Runtime:
         if lease is None:
             submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
             return Sent(
-                submitted, self.sessions.get_session(session_id).turn(submitted.turn_id), None
+                submitted, self.sessions.turn_record(session_id, submitted.turn_id)[1], None
             )
         with lease:
             recovered = self.recover(session_id, lease)
             submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
-            turn = self.sessions.get_session(session_id).turn(submitted.turn_id)
+            turn = self.sessions.turn_record(session_id, submitted.turn_id)[1]
             if submitted.created or turn.state.is_open:
                 turn = self.executor.run_turn(session_id, submitted.turn_id, lease)
             return Sent(submitted, turn, recovered)

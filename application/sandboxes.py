@@ -131,7 +131,8 @@ class Sandboxes:
 
     def _session(self, name: str) -> Session | None:
         try:
-            return self.sessions.get_session(UUID(name))
+            # Every call's processes, finished turns' too: the full record.
+            return self.sessions.get_record(UUID(name))
         except (ValueError, SessionNotFound):
             return None
 

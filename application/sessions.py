@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, Transcoding
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent, Transcoding
+from psycopg import sql
 
 from turnlog.application.errors import ConcurrentModification, SessionNotFound
-from turnlog.domain.session import Session
+from turnlog.domain.request import ModelRequest, next_request
+from turnlog.domain.session import Session, replay_turns, retaining
 from turnlog.domain.turns import CallState, Step, ToolCall, Turn, TurnState
 
 T = TypeVar("T")
@@ -45,9 +47,15 @@ class Sessions(Application[UUID]):
     # Explicit: table names derive from it and must not follow a class rename.
     name = "Sessions"
 
-    def __init__(self, env: dict[str, str] | None = None, snapshot_interval: int = 100) -> None:
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        snapshot_interval: int = 100,
+        snapshot_keep: int = 2,
+    ) -> None:
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
+        self.snapshot_keep = max(1, snapshot_keep)
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
@@ -71,6 +79,29 @@ class Sessions(Application[UUID]):
         ]
         if snapshots:
             self.snapshots.put(snapshots)
+            for snapshot in snapshots:
+                self.prune_snapshots(snapshot.originator_id)
+
+    def prune_snapshots(self, session_id: UUID) -> int:
+        """Delete a session's snapshots but the latest ``snapshot_keep``; returns how many.
+
+        A snapshot is a cache of state the events already hold, so dropping a
+        superseded one loses nothing; the events are never touched.
+        """
+        recorder: Any = self.snapshots.recorder if self.snapshots is not None else None
+        if getattr(recorder, "datastore", None) is None:
+            return 0  # in-memory persistence (unit tests): nothing to prune
+        table = sql.SQL("{}.{}").format(
+            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
+        )
+        statement = sql.SQL(
+            "DELETE FROM {t} WHERE originator_id = %s AND originator_version < ("
+            " SELECT min(originator_version) FROM (SELECT originator_version FROM {t}"
+            " WHERE originator_id = %s ORDER BY originator_version DESC LIMIT %s) AS kept)"
+        ).format(t=table)
+        with recorder.datastore.transaction(commit=True) as curs:
+            curs.execute(statement, (session_id, session_id, self.snapshot_keep))
+            return int(curs.rowcount or 0)
 
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
@@ -86,7 +117,103 @@ class Sessions(Application[UUID]):
             raise SessionNotFound(f"session {session_id} not found") from None
         if not isinstance(session, Session):
             raise SessionNotFound(f"session {session_id} not found")
+        if _ranges_unknown(session):
+            self._fill_ranges(session)
         return session
+
+    def get_record(self, session_id: UUID) -> Session:
+        """The session with every turn in full, replayed from all its events (for reads).
+
+        Costs a read of the whole stream; the write path never uses it.
+        """
+        aggregate: Any = None
+        for event in self.events.get(session_id):
+            aggregate = cast(Any, event).mutate(aggregate)
+            if isinstance(aggregate, Session) and not aggregate.retains_finished:
+                retaining(aggregate)
+        if not isinstance(aggregate, Session):
+            raise SessionNotFound(f"session {session_id} not found")
+        return aggregate
+
+    def replay_range(self, session_id: UUID, first: int, last: int) -> Session:
+        """The turns whose events lie in versions ``first..last``, rebuilt in full."""
+        if first > last:
+            return replay_turns(session_id, ())
+        return replay_turns(session_id, self.events.get(session_id, gt=first - 1, lte=last))
+
+    def turn_record(self, session_id: UUID, turn_id: str) -> tuple[Session, Turn]:
+        """One turn in full and the session object its calls are in.
+
+        An open turn comes from the session itself; a finished one is rebuilt
+        from its own events (its version range), whatever the session's length.
+        """
+        session = self.get_session(session_id)
+        for turn in session.turns:
+            if turn.turn_id == turn_id:
+                return session, turn
+        finished = session.finished_turn(turn_id)
+        if finished is None:
+            session.turn(turn_id)  # raises TurnNotFound
+            raise AssertionError("unreachable")
+        record = self.replay_range(session_id, finished.first_version, finished.last_version)
+        return record, record.turn(turn_id)
+
+    def request_for(self, session: Session) -> ModelRequest:
+        """The next model request: the session's open turn plus the earlier turns it carries.
+
+        The earlier turns are read from the session's own stream by version
+        range (never from a read model, which may lag).
+        """
+        first, last = self.window(session)
+        return next_request(session, self.replay_range(session.id, first, last))
+
+    def window(self, session: Session) -> tuple[int, int]:
+        """The version range of the finished turns the next request carries."""
+        if not session.finished:
+            return 1, 0
+        return session.finished[0][2], session.finished[-1][3]
+
+    def _fill_ranges(self, session: Session) -> None:
+        """Give turns upcast from a version-1 snapshot their version ranges, from the stream."""
+        topics = [
+            Session.TurnSubmitted.TOPIC,
+            Session.TurnCompleted.TOPIC,
+            Session.TurnFailed.TOPIC,
+            Session.TurnAbandoned.TOPIC,
+        ]
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for event in self._events_of_topics(session.id, topics):
+            turn_id = str(event.turn_id)
+            target = first if isinstance(event, Session.TurnSubmitted) else last
+            target[turn_id] = event.originator_version
+        session.finished = [
+            e if e[2] else [e[0], e[1], first.get(e[0], 0), last.get(e[0], 0), e[4]]
+            for e in session.finished
+        ]
+        for turn in session.turns:
+            turn.first_version = turn.first_version or first.get(turn.turn_id, 0)
+
+    def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
+        recorder: Any = self.recorder
+        table = sql.SQL("{}.{}").format(
+            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
+        )
+        statement = sql.SQL(
+            "SELECT originator_version, topic, state FROM {} WHERE originator_id = %s"
+            " AND topic = ANY(%s) ORDER BY originator_version"
+        ).format(table)
+        with recorder.datastore.transaction(commit=False) as curs:
+            curs.execute(statement, (session_id, topics))
+            rows = curs.fetchall()
+        return [
+            self.mapper.to_domain_event(
+                StoredEvent(
+                    session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
+                )
+            )
+            for r in rows
+        ]
 
     # --------------------------------------------------------------- commands
 
@@ -178,6 +305,14 @@ class Sessions(Application[UUID]):
             start=None, limit=limit, topics=[Session.SessionStarted.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
+
+
+def _ranges_unknown(session: Session) -> bool:
+    """True for a session upcast from a version-1 snapshot whose turns lack version ranges."""
+    return bool(
+        (session.finished and not session.finished[0][2])
+        or any(not t.first_version for t in session.turns)
+    )
 
 
 class _DataclassAsDict(Transcoding):

@@ -55,11 +55,22 @@ def tool_result_text(call: ToolCall) -> str:
     return PLACEHOLDER_UNKNOWN
 
 
-def next_request(session: Session) -> ModelRequest:
-    """Build the provider request from the session's state alone."""
+def next_request(session: Session, earlier: Session | None = None) -> ModelRequest:
+    """Build the provider request from the session's state and its earlier turns.
+
+    A session as the application loads it holds only its open turn; the
+    finished turns the request carries come in ``earlier``: a retaining
+    session rebuilt from those turns' own events (``Sessions.request_for``
+    reads them from the stream by version range). A retaining session holds
+    every turn itself and needs no ``earlier``.
+    """
     messages: list[Message] = []
     if session.system_prompt:
         messages.append(Message("system", session.system_prompt))
+    if earlier is not None:
+        for turn in earlier.turns:
+            if not turn.state.is_open:
+                messages.extend(_turn_messages(earlier, turn))
     for turn in session.turns:
         messages.extend(_turn_messages(session, turn))
     return ModelRequest(

@@ -10,7 +10,8 @@ not depend on module paths.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, cast
 from uuid import UUID, uuid4
@@ -25,6 +26,7 @@ from turnlog.domain.turns import (
     MAX_TOOL_ATTEMPTS,
     CallState,
     Effect,
+    FinishedTurn,
     Step,
     ToolCall,
     ToolProcess,
@@ -38,9 +40,18 @@ RESOLVE_OUTCOMES = ("succeeded", "failed")
 
 
 class Session(Aggregate):
-    """An agent session: its settings, its turns and their tool calls."""
+    """An agent session: its settings, its open turn and a summary of the finished ones.
+
+    The state is bounded: a finished turn leaves only an entry in ``finished``
+    (its id, how it ended, the version range of its events and its call ids);
+    its content stays in the stream. A *retaining* copy (``retaining()``),
+    rebuilt for reads and audits, keeps every turn as well.
+    """
 
     TOPIC = "turnlog.session.Session.v1"
+    # Version 2 of the state (and of snapshots) is the bounded one; version-1
+    # snapshots held every turn and are upcast as they load.
+    class_version = 2
 
     class Event(Aggregate.Event):
         """Base class of the session's events."""
@@ -48,7 +59,7 @@ class Session(Aggregate):
     class Snapshot(LibrarySnapshot):
         """A session's state at a version, so loading skips the events before it."""
 
-        TOPIC = "turnlog.session.Snapshot.v1"
+        TOPIC = "turnlog.session.Snapshot.v2"
 
     class Created(Aggregate.Created):
         """Unused library base; sessions start with SessionStarted."""
@@ -84,9 +95,39 @@ class Session(Aggregate):
         self.created_by = created_by
         self.closed = False
         self.close_reason = ""
-        self.turns: list[Turn] = []
-        self.calls: dict[str, ToolCall] = {}
-        self.idempotency_keys: dict[str, str] = {}
+        self._init_turn_state()
+
+    def _init_turn_state(self) -> None:
+        self.turns: list[Turn] = []  # open turns (every turn, in a retaining copy)
+        self.calls: dict[str, ToolCall] = {}  # calls of the turns in ``turns``
+        self.idempotency_keys: dict[str, str] = {}  # key -> turn id
+        self.idempotency_digests: dict[str, str] = {}  # key -> digest of its message
+        # One entry per finished turn: [turn_id, state, first_version, last_version, call_ids].
+        self.finished: list[list[Any]] = []
+        self.counts: dict[str, int] = {}  # finished turns by how they ended
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> None:
+        """A version-1 snapshot held every turn: keep the open ones, summarise the rest.
+
+        Version ranges are not in a version-1 snapshot; they are left 0 and the
+        application fills them from the stream when the session loads.
+        """
+        turns: list[Turn] = state["turns"]
+        open_ids = {t.turn_id for t in turns if t.state.is_open}
+        done = [t for t in turns if t.turn_id not in open_ids]
+        state["finished"] = [[t.turn_id, str(t.state), 0, 0, list(t.call_ids)] for t in done]
+        state["counts"] = {}
+        for t in done:
+            state["counts"][str(t.state)] = state["counts"].get(str(t.state), 0) + 1
+        by_id = {t.turn_id: t for t in turns}
+        state["idempotency_digests"] = {
+            key: message_digest(by_id[tid].message)
+            for key, tid in state["idempotency_keys"].items()
+            if tid in by_id
+        }
+        state["turns"] = [t for t in turns if t.turn_id in open_ids]
+        state["calls"] = {k: c for k, c in state["calls"].items() if c.turn_id in open_ids}
 
     @classmethod
     def start(
@@ -137,8 +178,9 @@ class Session(Aggregate):
             k: copy.deepcopy(c, memo) if c.turn_id in open_turns else c
             for k, c in self.calls.items()
         }
-        for name in ("tools", "idempotency_keys", "metadata"):
+        for name in ("tools", "idempotency_keys", "idempotency_digests", "metadata", "counts"):
             state[name] = copy.deepcopy(state[name], memo)
+        state["finished"] = list(self.finished)  # entries are never changed once appended
         state["_pending_events"] = list(self._pending_events)
         clone.__dict__.update(state)
         return clone
@@ -146,13 +188,44 @@ class Session(Aggregate):
     # ------------------------------------------------------------------ queries
 
     @property
-    def last_turn(self) -> Turn | None:
-        return self.turns[-1] if self.turns else None
+    def last_turn(self) -> Turn | FinishedTurn | None:
+        """The latest turn: open (or retained) in full, else the summary of the last finished."""
+        if self.turns:
+            return self.turns[-1]
+        return FinishedTurn.from_entry(self.finished[-1]) if self.finished else None
+
+    @property
+    def retains_finished(self) -> bool:
+        """True for a copy rebuilt to show every turn (never saved, never snapshotted)."""
+        return bool(self.__dict__.get("_retain_finished"))
+
+    @property
+    def turn_count(self) -> int:
+        return len(self.finished) + sum(1 for t in self.turns if t.state.is_open)
+
+    def finished_turns(self) -> list[FinishedTurn]:
+        return [FinishedTurn.from_entry(e) for e in self.finished]
+
+    def finished_turn(self, turn_id: str) -> FinishedTurn | None:
+        for entry in reversed(self.finished):
+            if entry[0] == turn_id:
+                return FinishedTurn.from_entry(entry)
+        return None
+
+    def turn_state(self, turn_id: str) -> TurnState:
+        """The state of any turn of the session, open or finished."""
+        for turn in self.turns:
+            if turn.turn_id == turn_id:
+                return turn.state
+        finished = self.finished_turn(turn_id)
+        if finished is None:
+            raise errors.TurnNotFound(f"turn {turn_id} not found in session {self.id}")
+        return finished.state
 
     @property
     def open_turn(self) -> Turn | None:
         """The turn that is queued, running or interrupted, if any."""
-        last = self.last_turn
+        last = self.turns[-1] if self.turns else None
         return last if last is not None and last.state.is_open else None
 
     @property
@@ -166,18 +239,29 @@ class Session(Aggregate):
         return "blocked" if turn.state is TurnState.INTERRUPTED else "busy"
 
     def turn(self, turn_id: str) -> Turn:
+        """An open turn (any turn in a retaining copy); a finished one is refused as such."""
         for turn in self.turns:
             if turn.turn_id == turn_id:
                 return turn
+        finished = self.finished_turn(turn_id)
+        if finished is not None:
+            raise errors.InvalidTransition(f"turn {turn_id} is {finished.state}")
         raise errors.TurnNotFound(f"turn {turn_id} not found in session {self.id}")
 
     def call(self, call_id: str) -> ToolCall:
         try:
             return self.calls[call_id]
         except KeyError:
+            if call_id in self._finished_call_ids():
+                raise errors.InvalidTransition(
+                    f"tool call {call_id} belongs to a finished turn"
+                ) from None
             raise errors.ToolCallNotFound(
                 f"tool call {call_id} not found in session {self.id}"
             ) from None
+
+    def _finished_call_ids(self) -> set[str]:
+        return {c for entry in self.finished for c in entry[4]}
 
     def calls_of(self, turn: Turn) -> list[ToolCall]:
         return [self.calls[c] for c in turn.call_ids]
@@ -193,18 +277,23 @@ class Session(Aggregate):
 
     # ----------------------------------------------------------------- commands
 
-    def submit_turn(self, message: str, idempotency_key: str = "") -> tuple[Turn, bool]:
+    def submit_turn(
+        self, message: str, idempotency_key: str = ""
+    ) -> tuple[Turn | FinishedTurn, bool]:
         """Queue a user message as a new turn; returns (turn, created).
 
         A key already used in this session returns the turn it created.
         """
         if idempotency_key and idempotency_key in self.idempotency_keys:
-            turn = self.turn(self.idempotency_keys[idempotency_key])
-            if turn.message != message:
+            turn_id = self.idempotency_keys[idempotency_key]
+            if self.idempotency_digests.get(idempotency_key) != message_digest(message):
                 raise errors.IdempotencyKeyReused(
                     "this idempotency key was used for a different message"
                 )
-            return turn, False
+            for turn in self.turns:
+                if turn.turn_id == turn_id:
+                    return turn, False
+            return self.finished_turn(turn_id) or self.turn(turn_id), False
         check_message(message)
         check_storable((message, idempotency_key), "the message")
         self._require_open()
@@ -241,9 +330,10 @@ class Session(Aggregate):
             raise errors.InvalidTransition("the previous step still has unsettled tool calls")
         check_storable((text, list(tool_calls), usage), "the model's reply")
         seen: set[str] = set()
+        finished = self._finished_call_ids() if tool_calls else set()
         for call in tool_calls:
             call_id = str(call.get("call_id", ""))
-            if not call_id or call_id in self.calls or call_id in seen:
+            if not call_id or call_id in self.calls or call_id in seen or call_id in finished:
                 raise errors.DuplicateToolCall(f"tool call id {call_id!r} is empty or already used")
             if not isinstance(call.get("arguments"), dict):
                 raise errors.InvalidInput(f"tool call {call_id} arguments must be an object")
@@ -486,10 +576,12 @@ class Session(Aggregate):
                     idempotency_key=self.idempotency_key,
                     submitted_at=self.timestamp,
                     state_since=self.timestamp,
+                    first_version=self.originator_version,
                 )
             )
             if self.idempotency_key:
                 s.idempotency_keys[self.idempotency_key] = self.turn_id
+                s.idempotency_digests[self.idempotency_key] = message_digest(self.message)
 
     class TurnClaimed(Event):
         TOPIC = "turnlog.session.TurnClaimed.v1"
@@ -595,6 +687,7 @@ class Session(Aggregate):
             turn = cast(Session, aggregate).turn(self.turn_id)
             _move(turn, TurnState.COMPLETED, self.timestamp)
             turn.reply = self.reply
+            _finish(cast(Session, aggregate), turn, self.originator_version)
 
     class TurnFailed(Event):
         TOPIC = "turnlog.session.TurnFailed.v1"
@@ -616,6 +709,7 @@ class Session(Aggregate):
                         "turn failed: " if was_started else "not run: turn failed: "
                     ) + self.error
                     call.finished_at = self.timestamp
+            _finish(s, turn, self.originator_version)
 
     class TurnInterrupted(Event):
         TOPIC = "turnlog.session.TurnInterrupted.v1"
@@ -680,6 +774,7 @@ class Session(Aggregate):
                     call.state = CallState.FAILED
                     call.error = "not run: turn abandoned: " + self.reason
                     call.finished_at = self.timestamp
+            _finish(s, turn, self.originator_version)
 
     class SessionClosed(Event):
         TOPIC = "turnlog.session.SessionClosed.v1"
@@ -694,7 +789,49 @@ class Session(Aggregate):
 
 # Snapshots are not aggregate events, so the library does not register their
 # explicit topic by itself; a process that only reads must resolve it too.
+# Version-1 snapshots (every turn in full) decode with the same class; the
+# state inside them is upcast by ``Session.upcast_v1_v2`` as it loads.
 register_topic(Session.Snapshot.TOPIC, Session.Snapshot)
+register_topic("turnlog.session.Snapshot.v1", Session.Snapshot)
+
+
+def _finish(session: Session, turn: Turn, version: int) -> None:
+    """Summarise a turn that has just ended; a bounded session then drops its content."""
+    state = str(turn.state)
+    session.counts[state] = session.counts.get(state, 0) + 1
+    session.finished.append([turn.turn_id, state, turn.first_version, version, list(turn.call_ids)])
+    if session.retains_finished:
+        return
+    session.turns = [t for t in session.turns if t.turn_id != turn.turn_id]
+    for call_id in turn.call_ids:
+        session.calls.pop(call_id, None)
+
+
+def replay_turns(session_id: UUID, events: Iterable[Any]) -> Session:
+    """A retaining session holding only the turns whose events are given (a version range).
+
+    Used to rebuild finished turns for a request or a read: the events are
+    applied as they were recorded, without the session's settings.
+    """
+    scratch = Session.__new__(Session)
+    scratch.__dict__.update(_id=session_id, _version=0, _pending_events=[])
+    scratch._init_turn_state()
+    retaining(scratch)
+    for event in events:
+        if not isinstance(event, Session.SessionStarted):
+            event.apply(scratch)
+    return scratch
+
+
+def retaining(session: Session) -> Session:
+    """Mark a session object, being rebuilt from its first event, to keep every turn."""
+    session.__dict__["_retain_finished"] = True
+    return session
+
+
+def message_digest(message: str) -> str:
+    """What idempotency compares a repeated submission with (the message is not kept)."""
+    return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _move(turn: Turn, state: TurnState, at: datetime) -> None:

@@ -147,6 +147,27 @@ class Turn:
     actor: str = ""
     previous_worker: str = ""
     unknown_call_ids: list[str] = field(default_factory=list)
+    first_version: int = 0  # the session version of its TurnSubmitted (0: not known yet)
+
+
+@dataclass(frozen=True)
+class FinishedTurn:
+    """What a session keeps of a finished turn: its id, how it ended, where its events are.
+
+    The turn's content (message, steps, calls, reply) stays in the stream,
+    between ``first_version`` and ``last_version`` (0 when not known yet,
+    for a turn upcast from a version-1 snapshot).
+    """
+
+    turn_id: str
+    state: TurnState
+    first_version: int
+    last_version: int
+    call_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def from_entry(cls, entry: list[Any]) -> FinishedTurn:
+        return cls(entry[0], TurnState(entry[1]), entry[2], entry[3], tuple(entry[4]))
 
 
 def require_text(value: str, what: str, error: type[Exception]) -> str:

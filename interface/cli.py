@@ -201,7 +201,7 @@ def sessions_send(
             err.print(f"[bold red]turn failed:[/] {escape(turn.error)}")
             return 1
         if turn.state == "interrupted":
-            session = rt.sessions.get_session(sid)
+            session = rt.sessions.turn_record(sid, turn.turn_id)[0]
             calls = ", ".join(f"{c.call_id} ({c.name})" for c in session.unknown_calls(turn))
             err.print(
                 f"[bold red]turn {turn.turn_id} interrupted;[/] unknown calls: {escape(calls)}"
@@ -222,7 +222,7 @@ def sessions_show(
 ) -> None:
     """Show a session rebuilt from its events."""
     sid = parse_uuid(session_id)
-    view = run(ctx, lambda rt: describe_session(rt.sessions.get_session(sid)))
+    view = run(ctx, lambda rt: describe_session(rt.sessions.get_record(sid)))
     if as_json:
         typer.echo(json.dumps(view))
         return
@@ -256,7 +256,7 @@ def sessions_list(
         for sid in rt.sessions.session_ids(limit=limit):
             s = rt.sessions.get_session(sid)
             rows.append(
-                {"id": str(sid), "title": s.title, "status": s.status, "turns": len(s.turns)}
+                {"id": str(sid), "title": s.title, "status": s.status, "turns": s.turn_count}
             )
         return rows
 
@@ -316,7 +316,7 @@ def turns_resolve(
         if turn.state != "running" or not resume:
             return 0
         rt.continue_session(sid)
-        final = rt.sessions.get_session(sid).turn(turn.turn_id)
+        final = rt.sessions.turn_record(sid, turn.turn_id)[1]
         out.print(
             f"turn {final.turn_id} {final.state}" + (f": {final.reply}" if final.reply else "")
         )
@@ -335,8 +335,8 @@ def turns_show(
     sid = parse_uuid(session_id)
 
     def show(rt: Runtime) -> dict[str, Any]:
-        session = rt.sessions.get_session(sid)
-        return describe_turn(session, session.turn(turn_id))
+        session, turn = rt.sessions.turn_record(sid, turn_id)
+        return describe_turn(session, turn)
 
     typer.echo(json.dumps(run(ctx, show)))
 

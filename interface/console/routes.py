@@ -114,7 +114,7 @@ async def sessions_fragment(
 def timeline_fragment(request: Request, session_id: UUID, sessions: SessionsDep) -> HTMLResponse:
     """Every turn of the session, rebuilt from its events (404 for an unknown session)."""
     now = datetime.now(UTC)
-    session = shape_session(describe_session(sessions.get_session(session_id)), now)
+    session = shape_session(describe_session(sessions.get_record(session_id)), now)
     return _render(request, "fragments/timeline.html", s=session, now=now)
 
 

@@ -16,8 +16,8 @@ FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned"})
 
 
 def turn_view(sessions: Sessions, session_id: UUID, turn_id: str) -> dict[str, Any]:
-    session = sessions.get_session(session_id)
-    return describe_turn(session, session.turn(turn_id))
+    session, turn = sessions.turn_record(session_id, turn_id)
+    return describe_turn(session, turn)
 
 
 async def until_finished(

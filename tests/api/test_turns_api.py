@@ -230,7 +230,7 @@ def test_resolving_the_unknown_call_lets_the_turn_finish_with_the_recorded_resul
 
 def _run_when_queued(runtime: Runtime, sid: str) -> None:
     deadline = time.monotonic() + 20
-    while not runtime.sessions.get_session(UUID(sid)).turns:
+    while not runtime.sessions.get_session(UUID(sid)).turn_count:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     run_queued_turn(runtime, sid)

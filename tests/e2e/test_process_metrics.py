@@ -57,7 +57,7 @@ def test_worker_and_projection_runner_expose_their_metrics(
     sid = runtime.sessions.create_session(title="m", tools=runtime.executor.tools.names())
     turn_id = runtime.sessions.submit_turn(sid.session_id, '/tool echo {"text": "m"}').turn_id
     poll(
-        lambda: runtime.sessions.get_session(sid.session_id).turn(turn_id).state == "completed",
+        lambda: runtime.sessions.get_session(sid.session_id).turn_state(turn_id) == "completed",
         30,
         "the worker completed the turn",
     )

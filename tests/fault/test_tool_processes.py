@@ -68,7 +68,7 @@ def turnlog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def recorded_processes(rt: Runtime, session_id: UUID) -> list[ToolProcess]:
-    session = rt.sessions.get_session(session_id)
+    session = rt.sessions.get_record(session_id)  # finished turns' calls too
     return [
         ToolProcess(p["pid"], p["process_started_at"], p["host"], p["boot_id"])
         for call in session.calls.values()

@@ -70,8 +70,8 @@ def new_session(rt: Runtime) -> UUID:
 def call_tool(rt: Runtime, session_id: UUID, name: str, arguments: dict[str, Any]) -> Any:
     """Run ``/tool NAME {json}``; the finished turn's only tool call, as the session has it."""
     turn = rt.send(session_id, f"/tool {name} {json.dumps(arguments)}").turn
-    session = rt.sessions.get_session(session_id)
-    [call] = session.calls_of(session.turn(turn.turn_id))
+    session, recorded = rt.sessions.turn_record(session_id, turn.turn_id)
+    [call] = session.calls_of(recorded)
     return call
 
 
@@ -208,7 +208,7 @@ def test_a_tool_declared_in_a_file_is_listed_and_callable(
         # An optional argument left out drops its element.
         again = call_tool(rt, session_id, "greet", {"name": "ada"})
         assert again.result["stdout"] == "ada||"
-        turn = rt.sessions.get_session(session_id).turns[-1]
+        turn = rt.sessions.get_record(session_id).turns[-1]
         assert turn.reply == f"Tool greet returned: {json.dumps(again.result, sort_keys=True)}"
         refused = call_tool(rt, session_id, "greet", {"name": "ada", "shell": "rm -rf /"})
         assert refused.state == "failed" and "unexpected argument 'shell'" in refused.error
@@ -428,7 +428,7 @@ def test_arguments_outside_a_declared_enum_are_answered_as_an_error_and_never_ru
         assert not any("ToolCallProcessStarted" in t for t in topics)  # nothing was spawned
         assert any("ToolCallFailed" in t for t in topics)  # recorded
         # The model was answered with the error (the fixture provider repeats it).
-        reply = rt.sessions.get_session(session_id).turns[-1].reply
+        reply = rt.sessions.get_record(session_id).turns[-1].reply
         assert reply.startswith("Tool deploy returned:") and "is not one of" in reply
         ran = call_tool(rt, session_id, "deploy", {"env": "staging"})
         assert ran.result["stdout"] == "deployed to staging"

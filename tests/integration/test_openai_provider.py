@@ -333,7 +333,7 @@ def test_a_fresh_process_continues_a_killed_turn_sending_the_full_history(
     try:
         stub.script(reply("Resumed: kept."))
         verdict = continue_once_released(fresh, session_id)
-        turn = fresh.sessions.get_session(session_id).turns[-1]
+        turn = fresh.sessions.get_record(session_id).turns[-1]
     finally:
         fresh.close()
 

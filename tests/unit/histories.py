@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from turnlog.domain.errors import DomainError
-from turnlog.domain.session import Session
+from turnlog.domain.session import Session, retaining
 from turnlog.domain.turns import Effect
 
 WORKER = "worker-a"
@@ -20,10 +20,18 @@ OTHER_WORKER = "worker-b"
 OPERATOR = "ops@example.com"
 
 
-def a_session(system_prompt: str = "You are terse.", **fields: Any) -> Session:
+def a_session(
+    system_prompt: str = "You are terse.", *, bounded: bool = False, **fields: Any
+) -> Session:
+    """A new session; a retaining one by default, so a test can look at finished turns.
+
+    The events and rules are the same either way; ``bounded=True`` gives the
+    session as the application loads it, which keeps only a summary of each
+    finished turn (tests of that live in test_bounded_state.py).
+    """
     session = Session.start(title="demo", system_prompt=system_prompt, **fields)
     session.collect_events()
-    return session
+    return session if bounded else retaining(session)
 
 
 def a_call(call_id: str, name: str = "append_file", **arguments: Any) -> dict[str, Any]:

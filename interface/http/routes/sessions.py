@@ -96,7 +96,7 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
 
 
 def _written(runtime: Runtime, written: Written) -> SessionWritten:
-    view = describe_session(runtime.sessions.get_session(written.session_id))
+    view = describe_session(runtime.sessions.get_record(written.session_id))
     return SessionWritten.model_validate({**view, "position": written.position})
 
 
@@ -126,7 +126,7 @@ async def list_sessions(
 )
 def get_session(session_id: UUID, sessions: SessionsDep) -> SessionOut:
     """A session rebuilt from its events: settings, status, every turn and tool call."""
-    return SessionOut.model_validate(describe_session(sessions.get_session(session_id)))
+    return SessionOut.model_validate(describe_session(sessions.get_record(session_id)))
 
 
 @router.post(
