@@ -5,15 +5,22 @@
 ``all`` (the default). Every role answers ``/healthz``, ``/readyz`` and
 ``/metrics`` on its port; only ``api`` and ``all`` serve ``/v1``.
 
-SIGTERM (or Ctrl-C) is uvicorn's graceful shutdown: stop accepting, let
-in-flight requests finish (waits and event streams end early), then drain
-the worker and stop the runners.
+SIGTERM and SIGINT (Ctrl-C) alike are uvicorn's graceful shutdown: stop
+accepting, let in-flight requests finish (waits and event streams end
+early), then drain the worker for up to ``--drain-timeout`` seconds and stop
+the runners. A turn still busy then (a long tool call) is left to recovery:
+the process exits without waiting for it. A second signal exits at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import logging
+import os
+import signal
 import socket
+import sys
 from types import FrameType
 from typing import Annotated, Any
 
@@ -25,6 +32,7 @@ from turnlog.interface.logs import configure_logging
 from turnlog.interface.roles import Role
 
 GRACEFUL_SECONDS = 30
+log = logging.getLogger("turnlog.serve")
 
 
 def serve(
@@ -37,6 +45,10 @@ def serve(
     concurrency: Annotated[
         int, typer.Option(min=1, max=256, help="Turns one worker runs at once.")
     ] = 4,
+    drain_timeout: Annotated[
+        float,
+        typer.Option(min=0, help="On SIGTERM or SIGINT, seconds to finish the current steps."),
+    ] = 30.0,
 ) -> None:
     """Serve the HTTP API with a worker and the projection runners (see --role)."""
     settings: Settings = ctx.find_root().obj.settings()
@@ -45,9 +57,12 @@ def serve(
         typer.echo(f"error: {refusal}", err=True)
         raise typer.Exit(2)
     configure_logging(settings)
-    from turnlog.interface.http import create_app  # the CLI's other commands do not need FastAPI
+    # The CLI's other commands do not need FastAPI.
+    from turnlog.interface.http import create_app
+    from turnlog.interface.http.state import Options
 
-    app = create_app(settings, role=role, worker_concurrency=concurrency)
+    options = Options(drain_timeout=drain_timeout)
+    app = create_app(settings, role=role, worker_concurrency=concurrency, options=options)
     config = uvicorn.Config(
         app,
         host=host,
@@ -58,9 +73,27 @@ def serve(
         server_header=False,
     )
     server = _Server(config, app.state.turnlog.draining)
-    server.run()
+    # uvicorn raises a SIGINT it caught again once it has shut down; the stop
+    # was orderly, so no traceback.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if server.signalled is not None:
+        _exit_now(128 + server.signalled)
     if not server.started:
         raise typer.Exit(1)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without waiting for a turn the drain left running (recovery takes it over).
+
+    A tool call can run for minutes in a worker thread, and the interpreter
+    joins such threads before it exits: after a drain that timed out, that
+    wait is what SIGINT used to hang on. Logs and output are flushed first.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def open_bind_refusal(host: str, settings: Settings) -> str:
@@ -113,7 +146,20 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, draining: Any) -> None:
         super().__init__(config)
         self._draining = draining
+        self.signalled: int | None = None  # the first stop signal, if one came
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.signalled is not None:
+            log.warning("second %s: exiting now; open turns are left to recovery", _name(sig))
+            _exit_now(128 + sig)
+        self.signalled = sig
+        log.info("%s: stopping (a second one exits at once)", _name(sig))
         self._draining.set()
         super().handle_exit(sig, frame)
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"

@@ -150,3 +150,35 @@ def test_serving_on_a_public_address_without_a_token_is_refused(settings: Settin
     assert done.returncode == 2
     assert "without an API token" in done.stderr
     assert "TURNLOG_API_TOKEN" in done.stderr
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["one-sigint", "two-sigints"])
+def test_sigint_drains_like_sigterm_and_leaves_a_long_tool_call_to_recovery(
+    settings: Settings, tmp_path: Path, second: bool
+) -> None:
+    log = tmp_path / "serve.log"
+    drain = 2.0
+    with server(settings, log, "--drain-timeout", str(drain)) as (proc, url):
+        session_id = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
+        queued = httpx.post(
+            f"{url}/v1/sessions/{session_id}/turns",
+            json={"message": '/tool sleep {"seconds": 60}'},
+            timeout=10,
+        )
+        assert queued.status_code == 202, queued.text
+        eventually(lambda: "ToolCallStarted" in event_types(url, session_id), deadline=30)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # Ctrl-C while the tool sleeps
+        if second:
+            eventually(lambda: "SIGINT: stopping" in log.read_text(), deadline=10)
+            proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=drain + 30)
+        took = time.monotonic() - started
+    output = log.read_text()
+    assert took < scaled(drain + 5), f"took {took:.1f}s:\n{output}"
+    assert code == 128 + signal.SIGINT, output
+    assert "Traceback" not in output and "turn crashed" not in output, output
+    if second:
+        assert "second SIGINT: exiting now" in output
+    else:
+        assert "left for recovery" in output
