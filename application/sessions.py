@@ -9,6 +9,7 @@ load; a second loss surfaces as ``ConcurrentModification``.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -24,6 +25,7 @@ from turnlog.domain.session import Session, replay_turns, retaining
 from turnlog.domain.turns import CallState, Step, ToolCall, Turn, TurnState
 
 T = TypeVar("T")
+EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class Sessions(Application[UUID]):
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
+        self._earlier_cache: dict[UUID, tuple[int, int, Session]] = {}
+        self._earlier_lock = threading.Lock()
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
@@ -165,7 +169,29 @@ class Sessions(Application[UUID]):
         range (never from a read model, which may lag).
         """
         first, last = self.window(session)
-        return next_request(session, self.replay_range(session.id, first, last))
+        return next_request(session, self._earlier(session.id, first, last))
+
+    def _earlier(self, session_id: UUID, first: int, last: int) -> Session:
+        """The finished turns in versions ``first..last``, rebuilt, kept per process.
+
+        A finished turn never changes, so the turns rebuilt for one request
+        serve the next: only the events after the last one read are fetched
+        (the window moves forward, never back, unless it starts elsewhere).
+        """
+        with self._earlier_lock:
+            hit = self._earlier_cache.pop(session_id, None)
+            if hit is not None and hit[0] == first and hit[1] <= last:
+                earlier = hit[2]
+                new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
+                for event in new:
+                    if not isinstance(event, Session.SessionStarted):
+                        cast(Any, event).apply(earlier)
+            else:
+                earlier = self.replay_range(session_id, first, last)
+            self._earlier_cache[session_id] = (first, last, earlier)
+            while len(self._earlier_cache) > EARLIER_CACHE_SIZE:
+                self._earlier_cache.pop(next(iter(self._earlier_cache)))
+            return earlier
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries."""

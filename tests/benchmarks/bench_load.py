@@ -22,7 +22,6 @@ from turnlog.application import database
 from turnlog.application.database import Database
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
-from turnlog.domain.request import next_request
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import open_sessions
@@ -111,7 +110,7 @@ class Loader:
             started = time.perf_counter()
             session = sessions.get_session(session_id)
             loaded = time.perf_counter()
-            request = next_request(session)
+            request = sessions.request_for(session)  # earlier turns read by range
             done = time.perf_counter()
         finally:
             sessions.close()
