@@ -74,6 +74,11 @@ class History:
         self._last_version = sql.SQL(
             "SELECT max(originator_version) AS v FROM {} WHERE originator_id = %s"
         ).format(table)
+        # One index probe per session (max of the primary key's second column).
+        self._last_versions = sql.SQL(
+            "SELECT ids.id, (SELECT max(originator_version) FROM {} WHERE originator_id = ids.id)"
+            " AS v FROM unnest(%s::uuid[]) AS ids(id)"
+        ).format(table)
         self._at_version = sql.SQL(
             "SELECT notification_id FROM {} WHERE originator_id = %s AND originator_version = %s"
         ).format(table)
@@ -98,6 +103,15 @@ class History:
             curs.execute(self._last_version, (session_id,))
             row = curs.fetchone()
         return int(row["v"]) if row and row["v"] is not None else None
+
+    def last_versions(self, session_ids: list[UUID]) -> dict[UUID, int]:
+        """The last stored version of each of ``session_ids`` that has events (one query)."""
+        if not session_ids:
+            return {}
+        with self._datastore.transaction(commit=False) as curs:
+            curs.execute(self._last_versions, (session_ids,))
+            rows = curs.fetchall()
+        return {UUID(str(row["id"])): int(row["v"]) for row in rows if row["v"] is not None}
 
     def exists(self, session_id: UUID) -> bool:
         with self._datastore.transaction(commit=False) as curs:

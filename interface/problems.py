@@ -12,6 +12,7 @@ refusals the interface itself decides before any use case runs::
     ├── PayloadTooLarge      (413) body over the limit; refused before parsing
     ├── ReadModelLagging     (503) a read model did not reach ?min_position in time
     ├── TooManyStreams       (503) every live event stream slot is taken
+    ├── TooManyWaits         (503) every ``?wait=`` slot is taken
     └── NotReady             (503) the process is starting or stopping
 
 Driver errors that mean "the database cannot be reached" (psycopg's and the
@@ -72,6 +73,12 @@ class TooManyStreams(RequestRefused):
     code = "too_many_streams"
 
 
+class TooManyWaits(RequestRefused):
+    """Every slot for waiting on a turn (``?wait=``) is taken."""
+
+    code = "too_many_waits"
+
+
 class NotReady(RequestRefused):
     """The process is still starting (or already stopping) and cannot serve this yet."""
 
@@ -120,6 +127,7 @@ _TABLE: list[_Entry] = [
     _Entry(PayloadTooLarge, 413, "Payload too large"),
     _Entry(ReadModelLagging, 503, "Read model lagging", retry_after=1),
     _Entry(TooManyStreams, 503, "Too many event streams", retry_after=5),
+    _Entry(TooManyWaits, 503, "Too many waits", retry_after=2),
     _Entry(NotReady, 503, "Not ready", retry_after=2),
     # Driver-level "cannot reach the server": their messages name hosts, not
     # passwords, but they are noise to a client; say what it means instead.

@@ -10,6 +10,7 @@ from turnlog.application.history import History
 from turnlog.interface.http.metrics import Metrics
 from turnlog.interface.http.pulse import LogPulse
 from turnlog.interface.http.streams import StreamSlots
+from turnlog.interface.http.waits import TurnWaits
 from turnlog.interface.roles import Parts
 
 
@@ -18,6 +19,7 @@ class Options:
     """Limits and timings of the HTTP layer (tests shorten them)."""
 
     max_streams: int = 64
+    max_waits: int = 256  # concurrent ?wait= requests
     heartbeat_seconds: float = 15.0
     min_position_timeout: float = 5.0
     start_retry_seconds: float = 2.0
@@ -37,6 +39,10 @@ class AppState:
     draining: threading.Event = field(default_factory=threading.Event)
     start_error: BaseException | None = None
     history: History | None = None
+    waits: TurnWaits = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.waits = TurnWaits(self.options.max_waits)
 
     def wake_worker(self, session_id: UUID) -> None:
         """Offer the session to this process's worker, which tries it at once."""

@@ -1,13 +1,15 @@
-"""Waiting for a turn to finish, on log notifications with a deadline."""
+"""Waiting for a turn to finish, woken for its own session, with a deadline (see ``waits``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 from uuid import UUID
 
 from fastapi.concurrency import run_in_threadpool
 
+from turnlog.application.history import History
 from turnlog.application.sessions import Sessions
 from turnlog.application.views import describe_turn
 from turnlog.interface.http.state import AppState
@@ -26,15 +28,35 @@ async def until_finished(
     """The turn's view once it is finished (True), or at the deadline (False).
 
     "Finished" includes ``interrupted``: nothing more happens without an operator.
+    The caller holds one of ``state.waits``'s slots.
     """
+    if state.history is None:
+        state.history = History(sessions)
+    return await _until_finished(state, state.history, sessions, session_id, turn_id, timeout)
+
+
+async def _until_finished(
+    state: AppState,
+    history: History,
+    sessions: Sessions,
+    session_id: UUID,
+    turn_id: str,
+    timeout: float,
+) -> tuple[dict[str, Any], bool]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while True:
-        ticket = state.pulse.ticket()  # before reading: a later commit always wakes us
-        view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
-        if view["state"] in FINISHED:
-            return view, True
-        remaining = deadline - loop.time()
-        if remaining <= 0 or state.draining.is_set():
-            return view, False
-        await state.pulse.wait(ticket, remaining)
+    event = state.waits.watch(session_id)  # before reading: a later change always wakes us
+    try:
+        state.waits.follow(state.pulse, history, state.draining)
+        while True:
+            event.clear()
+            view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
+            if view["state"] in FINISHED:
+                return view, True
+            remaining = deadline - loop.time()
+            if remaining <= 0 or state.draining.is_set():
+                return view, False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+    finally:
+        state.waits.unwatch(session_id, event)

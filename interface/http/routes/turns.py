@@ -60,7 +60,9 @@ async def submit_turn(
     The turn is stored before the answer: 202 with the queued turn and the
     log position of its submission. With `?wait=S` the answer waits up to S
     seconds for the turn to finish (completed, failed, interrupted) and is
-    200 with the finished turn, or 202 with its current state at the deadline.
+    200 with the finished turn, or 202 with its current state at the deadline;
+    when every wait slot of the server is taken it is refused before anything
+    is written (503 `too_many_waits`, with Retry-After).
 
     Refused with 409 while the last turn is open (`turn_in_progress`), when
     it is interrupted (`unresolved_turn`, listing the calls of unknown
@@ -68,22 +70,31 @@ async def submit_turn(
     `Idempotency-Key` returns the turn it created.
     """
     sessions = runtime.sessions
-    submitted: Submitted = await run_in_threadpool(
-        sessions.submit_turn, session_id, body.message, idempotency_key or ""
-    )
-    state.wake_worker(session_id)
-    position = submitted.position
-    if not submitted.created:
-        response.headers["Idempotent-Replayed"] = "true"
-        position = await run_in_threadpool(
-            history.submission_position, session_id, submitted.turn_id
+    # A wait slot is taken before anything is written: refused (503
+    # too_many_waits) means not submitted, so a retry cannot submit twice.
+    release = state.waits.acquire() if wait is not None else None
+    try:
+        submitted: Submitted = await run_in_threadpool(
+            sessions.submit_turn, session_id, body.message, idempotency_key or ""
         )
-    if wait is None:
-        view = await run_in_threadpool(turn_view, sessions, session_id, submitted.turn_id)
-    else:
-        view, finished = await until_finished(state, sessions, session_id, submitted.turn_id, wait)
-        if finished:
-            response.status_code = 200
+        state.wake_worker(session_id)
+        position = submitted.position
+        if not submitted.created:
+            response.headers["Idempotent-Replayed"] = "true"
+            position = await run_in_threadpool(
+                history.submission_position, session_id, submitted.turn_id
+            )
+        if wait is None:
+            view = await run_in_threadpool(turn_view, sessions, session_id, submitted.turn_id)
+        else:
+            view, finished = await until_finished(
+                state, sessions, session_id, submitted.turn_id, wait
+            )
+            if finished:
+                response.status_code = 200
+    finally:
+        if release is not None:
+            release()
     return _turn_written(session_id, view, position)
 
 

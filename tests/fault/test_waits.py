@@ -1,0 +1,127 @@
+"""Many clients waiting on ``?wait=`` neither starve writers nor grow without bound.
+
+600 clients on ``?wait=60`` used to cut session creation from 13 to 0.9 per
+second: every commit woke every waiter and each rebuilt its session. Waiters
+are now woken for their own session only, and their number per process is
+bounded (503 ``too_many_waits``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.api.conftest import FAST, live_server
+from tests.conftest import raw_events
+from tests.fault.cluster import poll
+from turnlog.application.database import Database
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.interface.http import create_app
+
+WAITERS = 600
+SESSIONS = 30  # 20 waiters per queued turn, joined through its Idempotency-Key
+CREATES = 25
+
+
+@pytest.fixture
+def api(settings: Settings, runtime: Runtime) -> Iterator[tuple[str, object]]:
+    """An API without a worker: submitted turns stay queued, their waiters wait."""
+    app = create_app(
+        settings, runtime, role="api", options=dataclasses.replace(FAST, max_waits=WAITERS + 10)
+    )
+    with live_server(app) as url:
+        yield url, app
+
+
+def _creation_rate(url: str) -> float:
+    """Sessions created per second by one client, one after another."""
+    with httpx.Client(base_url=url, timeout=60) as client:
+        started = time.perf_counter()
+        for _ in range(CREATES):
+            assert client.post("/v1/sessions", json={}).status_code == 201
+        return CREATES / (time.perf_counter() - started)
+
+
+def _wait_in_background(url: str, sessions: list[str], count: int) -> threading.Thread:
+    async def waiter(client: httpx.AsyncClient, index: int) -> None:
+        sid = sessions[index % len(sessions)]
+        await client.post(
+            f"/v1/sessions/{sid}/turns?wait=60",
+            json={"message": "never worked on"},
+            headers={"Idempotency-Key": f"k-{sid}"},
+        )
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=count + 50, max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+            await asyncio.gather(*(waiter(client, i) for i in range(count)), return_exceptions=True)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_600_waiters_keep_a_writer_within_twice_its_rate_without_them(
+    api: tuple[str, object], settings: Settings, database: Database
+) -> None:
+    url, app = api
+    with httpx.Client(base_url=url, timeout=30) as client:
+        sessions = [
+            client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(SESSIONS)
+        ]
+    baseline = _creation_rate(url)
+
+    waiting = _wait_in_background(url, sessions, WAITERS)
+    state = app.state.turnlog  # type: ignore[attr-defined]
+    poll(lambda: state.waits.watching >= WAITERS, 120, f"{WAITERS} waiters")
+    poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
+    assert _creation_rate(url) > 0  # settle: the first look at each session woke its waiters
+    loaded = _creation_rate(url)
+    still = state.waits.open
+
+    ratio = baseline / loaded
+    print(
+        f"\ncreations/s without waiters {baseline:.1f}, with {WAITERS} waiting {loaded:.1f}: "
+        f"{ratio:.2f}x slower"
+    )
+    assert still >= WAITERS  # they were all still waiting while the writer wrote
+    assert ratio <= 2.0, (baseline, loaded)
+    state.draining.set()  # release the waiters, as a shutdown does
+    waiting.join(60)
+    # One turn per session, whatever the number of waiters that joined it.
+    turns = [r for r in raw_events(database, settings.namespace) if ".TurnSubmitted." in r[3]]
+    assert len(turns) == SESSIONS
+
+
+def test_waits_past_the_bound_are_refused_before_anything_is_written(
+    settings: Settings, runtime: Runtime, database: Database
+) -> None:
+    app = create_app(settings, runtime, role="api", options=dataclasses.replace(FAST, max_waits=3))
+    with live_server(app) as url:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            sessions = [client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(4)]
+        waiting = _wait_in_background(url, sessions[:3], 3)
+        state = app.state.turnlog
+        poll(lambda: state.waits.open == 3, 60, "3 waits open")
+        before = raw_events(database, settings.namespace)
+        refused = httpx.post(
+            f"{url}/v1/sessions/{sessions[3]}/turns?wait=5", json={"message": "x"}, timeout=30
+        )
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "too_many_waits"
+        assert int(refused.headers["retry-after"]) > 0
+        assert raw_events(database, settings.namespace) == before  # nothing submitted
+        without_wait = httpx.post(
+            f"{url}/v1/sessions/{sessions[3]}/turns", json={"message": "x"}, timeout=30
+        )
+        assert without_wait.status_code == 202
+        state.draining.set()
+        waiting.join(60)
+        assert state.waits.open == 0
