@@ -21,6 +21,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,25 @@ from turnlog.domain.turns import ToolProcess
 # start time). EOF — the worker died before recording — exits without running it.
 GATE = 'IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null; exit 125'
 GATE_NAME = "turnlog-gate"
+
+
+def unsupported_reason(platform: str | None = None, proc: Path = Path("/proc")) -> str:
+    """Why command tools cannot run on this machine ('' when they can).
+
+    Telling a recorded process from a stranger that reused its pid needs the
+    kernel start time and boot id that only Linux's /proc gives. Elsewhere
+    (macOS, Windows) a recorded process would look gone ("process vanished")
+    while it runs, and could not be killed safely, so command tools are
+    refused when a process starts rather than misreported later.
+    """
+    platform = platform or sys.platform
+    if platform.startswith("linux") and (proc / "self" / "stat").exists():
+        return ""
+    return (
+        f"command tools (TURNLOG_SHELL_TOOL, TURNLOG_TOOLS_FILE) need Linux with /proc, to"
+        f" identify the processes they start; this is {platform}. Leave both unset here (the"
+        " built-in tools work everywhere), or run turnlog on Linux, e.g. in its Docker image"
+    )
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,10 @@ import uuid
 
 from turnlog.application import database
 from turnlog.application.command_tools import add_declared_tools, shell_tool
+from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution import Executor
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
+from turnlog.application.processes import unsupported_reason
 from turnlog.application.providers import FixtureProvider, ProviderRegistry
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
@@ -42,6 +44,10 @@ def open_sessions(settings: Settings, db: database.Database) -> Sessions:
 def build_tools(settings: Settings) -> ToolRegistry:
     """Built-ins, the shell tool when enabled, and the tools file (a bad file stops start-up)."""
     tools = ToolRegistry(builtin_tools())
+    if settings.shell_tool or settings.tools_file is not None:
+        reason = unsupported_reason()
+        if reason:
+            raise ConfigurationError(reason)
     if settings.shell_tool:
         tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
     if settings.tools_file is not None:

@@ -434,3 +434,26 @@ def test_arguments_outside_a_declared_enum_are_answered_as_an_error_and_never_ru
         assert ran.result["stdout"] == "deployed to staging"
     finally:
         rt.close()
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_command_tools_are_refused_at_start_up_where_processes_cannot_be_identified(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, platform: str
+) -> None:
+    tools_file = tmp_path / "tools.toml"
+    tools_file.write_text(TOOLS_TOML)
+    monkeypatch.setattr(sys, "platform", platform)
+    for update in ({"shell_tool": True}, {"tools_file": tools_file}):
+        with pytest.raises(ConfigurationError) as refused:
+            build_tools(settings.model_copy(update=update))
+        assert "need Linux with /proc" in refused.value.detail
+        assert platform in refused.value.detail
+    # The built-in tools need no process identity: they are offered everywhere.
+    assert build_tools(settings).names() == ["append_file", "echo", "sleep"]
+
+
+def test_command_tools_need_proc_even_on_linux(tmp_path: Path) -> None:
+    from turnlog.application.processes import unsupported_reason
+
+    assert unsupported_reason("linux") == ""
+    assert "need Linux with /proc" in unsupported_reason("linux", proc=tmp_path / "no-proc")
