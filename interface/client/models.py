@@ -1,0 +1,257 @@
+"""The client's typed responses: the HTTP API's response schemas, as the client reads them.
+
+They have the fields, types and required members of the schemas that
+``/openapi.json`` publishes (``OPENAPI_NAMES`` says which is which, and a test
+holds them together). Members a newer server adds are kept, not refused.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Generic, Literal, TypeVar
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+T = TypeVar("T")
+
+TurnState = Literal["queued", "running", "completed", "failed", "interrupted", "abandoned"]
+CallState = Literal["pending", "started", "succeeded", "failed", "unknown", "resolved", "abandoned"]
+SessionStatus = Literal["idle", "busy", "blocked", "closed"]
+OpenTurnState = Literal["queued", "running", "interrupted"]
+
+
+class Model(BaseModel):
+    """Base of every response: members a newer server adds are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Step(Model):
+    """One model reply within a turn."""
+
+    step: int
+    text: str
+    call_ids: list[str]
+    usage: dict[str, Any]
+
+
+class ToolCall(Model):
+    """A tool call with its arguments, attempts, owner and outcome."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    step: int
+    state: CallState
+    effect: str
+    attempt: int
+    worker_id: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    result: Any = None
+    error: str
+    outcome: str
+    note: str
+    actor: str
+
+
+class Turn(Model):
+    """One user message and everything done to answer it."""
+
+    turn_id: str
+    state: TurnState
+    message: str
+    reply: str
+    error: str
+    idempotency_key: str
+    submitted_at: datetime | None
+    state_since: datetime | None
+    claim: int
+    worker_id: str
+    previous_worker: str
+    reason: str
+    actor: str
+    steps: list[Step]
+    tool_calls: list[ToolCall]
+    unknown_call_ids: list[str]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the turn has stopped moving on its own (completed, failed, interrupted …)."""
+        return self.state not in ("queued", "running")
+
+
+class Session(Model):
+    """A session rebuilt from its events."""
+
+    session_id: UUID
+    title: str
+    status: SessionStatus
+    provider: str
+    model: str
+    tools: list[str]
+    metadata: dict[str, Any]
+    created_by: str
+    created_at: datetime | None
+    last_activity_at: datetime | None
+    version: int
+    closed: bool
+    turns: list[Turn]
+
+
+class SessionWritten(Session):
+    """A session after a write, with the log position of the write's last event."""
+
+    position: int | None = Field(description="Log position; pass as min_position to lists.")
+
+
+class TurnWritten(Turn):
+    """A turn after a write, with its session and the log position of the write."""
+
+    session_id: UUID
+    position: int | None = Field(description="Log position; pass as min_position to lists.")
+
+
+class Event(Model):
+    """One stored event as it is in the log."""
+
+    position: int
+    version: int
+    type: str
+    topic: str
+    timestamp: datetime
+    payload: dict[str, Any]
+
+
+class Delta(Model):
+    """A piece of a model reply while it streams: live only, never stored or replayed."""
+
+    session_id: UUID
+    turn_id: str
+    step: int
+    text: str
+
+
+class EventsPage(Model):
+    """A page of a session's events; ask again with ``after=next_after`` for more."""
+
+    session_id: UUID
+    events: list[Event]
+    next_after: int
+
+
+class Page(Model, Generic[T]):
+    """A page of a read model; ``next_cursor`` is None on the last page."""
+
+    items: list[T]
+    next_cursor: str | None
+
+
+class SessionRow(Model):
+    """A session as the sessions read model lists it."""
+
+    session_id: UUID
+    title: str | None
+    status: SessionStatus
+    closed: bool
+    turn_count: int
+    last_turn_id: str | None
+    last_turn_state: TurnState | None
+    unknown_call_ids: list[str] | None
+    created_by: str | None
+    created_at: datetime | None
+    last_activity_at: datetime | None
+    last_position: int
+    version: int
+
+
+class OpenTurnRow(Model):
+    """An open turn as the open-turns read model lists it."""
+
+    session_id: UUID
+    turn_id: str
+    state: OpenTurnState
+    claim: int | None
+    worker_id: str | None
+    previous_worker: str | None
+    unknown_call_ids: list[str] | None
+    submitted_at: datetime | None
+    submitted_position: int
+    state_since: datetime | None
+
+
+class ToolCallRow(Model):
+    """A tool call as the tool-call read model lists it."""
+
+    session_id: UUID
+    call_id: str
+    turn_id: str
+    step: int | None
+    tool: str
+    effect: str | None
+    state: CallState
+    attempt: int | None
+    worker_id: str | None
+    outcome: str | None
+    requested_at: datetime | None
+    requested_position: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_seconds: float | None
+    result_summary: str | None
+    error_summary: str | None
+
+
+class Worker(Model):
+    """A registered worker process."""
+
+    worker_id: str
+    pid: int
+    host: str
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    stopped_at: datetime | None = None
+
+
+class Projection(Model):
+    """Where a read model stands in the log."""
+
+    name: str
+    position: int
+    head: int
+    lag_events: int
+    lag_seconds: float | None
+    running: bool
+    holder: str | None
+
+
+class Workers(Model):
+    items: list[Worker]
+
+
+class Projections(Model):
+    items: list[Projection]
+
+
+# Each model and the /openapi.json schema it reads (tests/api/test_client_models.py).
+OPENAPI_NAMES: dict[type[BaseModel], str] = {
+    Step: "StepOut",
+    ToolCall: "ToolCallOut",
+    Turn: "TurnOut",
+    Session: "SessionOut",
+    SessionWritten: "SessionWritten",
+    TurnWritten: "TurnWritten",
+    Event: "EventOut",
+    EventsPage: "EventsPage",
+    SessionRow: "SessionRow",
+    OpenTurnRow: "OpenTurnRow",
+    ToolCallRow: "ToolCallRow",
+    Page[SessionRow]: "Page_SessionRow_",
+    Page[OpenTurnRow]: "Page_OpenTurnRow_",
+    Page[ToolCallRow]: "Page_ToolCallRow_",
+    Worker: "WorkerOut",
+    Workers: "WorkersOut",
+    Projection: "ProjectionOut",
+    Projections: "ProjectionsOut",
+}

@@ -1,0 +1,287 @@
+"""``turnlog.Client``: the HTTP API from Python, blocking, on httpx."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from turnlog.interface.client import calls
+from turnlog.interface.client.calls import Call, RetryPolicy, SessionRef, SseParser
+from turnlog.interface.client.errors import ApiError, ServerUnreachable
+from turnlog.interface.client.models import (
+    Delta,
+    Event,
+    EventsPage,
+    OpenTurnRow,
+    Page,
+    Projections,
+    Session,
+    SessionRow,
+    SessionWritten,
+    ToolCallRow,
+    Turn,
+    TurnWritten,
+    Workers,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Client:
+    """A turnlog server's API: sessions, turns, events (live too), read models.
+
+    ``Client("http://127.0.0.1:8000", token=...)``. Answers are typed models;
+    a refusal raises ``ApiError`` with the problem's stable ``code``. Safe
+    requests (reads, and writes carrying an ``Idempotency-Key``, which
+    ``create_session`` and ``submit_turn`` generate unless given one) are sent
+    again when their answer is lost or the server is briefly unavailable.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = calls.check_base_url(base_url)
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=calls.auth_headers(token),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[M]) -> M:
+        timeout = self.timeout + (call.timeout or 0)
+        for attempt in range(1, self.retry.attempts + 1):
+            last = attempt == self.retry.attempts
+            try:
+                response = self._http.request(
+                    call.method, call.path, timeout=timeout, **call.request_kwargs()
+                )
+            except httpx.TransportError as exc:
+                if last or not calls.may_retry(call, exc):
+                    raise ServerUnreachable(f"{call.method} {call.path}: {exc!r}") from exc
+                time.sleep(self.retry.delay(attempt))
+                continue
+            if response.status_code in calls.RETRY_STATUSES and call.safe and not last:
+                time.sleep(self.retry.delay(attempt, response))
+                continue
+            return calls.decode(call, response)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # ------------------------------------------------------------- sessions
+
+    def create_session(
+        self,
+        title: str = "",
+        *,
+        system_prompt: str = "",
+        provider: str | None = None,
+        model: str | None = None,
+        tools: list[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created_by: str = "",
+        idempotency_key: str | None = None,
+    ) -> SessionWritten:
+        """Create a session (with a generated Idempotency-Key unless one is given)."""
+        return self._send(
+            calls.create_session(
+                title, system_prompt, provider, model, tools, metadata, created_by, idempotency_key
+            )
+        )
+
+    def list_sessions(
+        self,
+        *,
+        status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        min_position: int | None = None,
+    ) -> Page[SessionRow]:
+        """One page of the sessions read model; pass ``next_cursor`` back for the next."""
+        return self._send(calls.list_sessions(status, limit, cursor, min_position))
+
+    def iter_sessions(
+        self,
+        *,
+        status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+        page_size: int = 100,
+        min_position: int | None = None,
+    ) -> Iterator[SessionRow]:
+        """Every session of the read model, page after page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_sessions(
+                status=status, limit=page_size, cursor=cursor, min_position=min_position
+            )
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor, min_position = page.next_cursor, None
+
+    def get_session(self, session_id: SessionRef) -> Session:
+        """A session rebuilt from its events, with every turn."""
+        return self._send(calls.get_session(session_id))
+
+    def close_session(
+        self, session_id: SessionRef, *, actor: str, reason: str = ""
+    ) -> SessionWritten:
+        """Close a session: it takes no more turns."""
+        return self._send(calls.close_session(session_id, actor, reason))
+
+    # ---------------------------------------------------------------- turns
+
+    def submit_turn(
+        self,
+        session_id: SessionRef,
+        message: str,
+        *,
+        wait: float | None = None,
+        idempotency_key: str | None = None,
+    ) -> TurnWritten:
+        """Submit a user message; with ``wait`` (up to 60 s) return the finished turn if it
+        finishes in time. A generated Idempotency-Key makes a lost answer safe to retry."""
+        return self._send(calls.submit_turn(session_id, message, wait, idempotency_key))
+
+    def get_turn(self, session_id: SessionRef, turn_id: str) -> Turn:
+        return self._send(calls.get_turn(session_id, turn_id))
+
+    def wait_for_turn(self, session_id: SessionRef, turn_id: str, timeout: float = 60.0) -> Turn:
+        """Ask for the turn until it stops moving on its own (or ``timeout`` passes)."""
+        turn = self.get_turn(session_id, turn_id)
+        deadline = time.monotonic() + timeout
+        while not turn.finished and time.monotonic() < deadline:
+            time.sleep(0.2)
+            turn = self.get_turn(session_id, turn_id)
+        return turn
+
+    def abandon_turn(
+        self, session_id: SessionRef, turn_id: str, *, reason: str, actor: str
+    ) -> TurnWritten:
+        """Give up an interrupted turn (recorded with actor and reason)."""
+        return self._send(calls.abandon_turn(session_id, turn_id, reason, actor))
+
+    def resolve_tool_call(
+        self,
+        session_id: SessionRef,
+        call_id: str,
+        *,
+        outcome: Literal["succeeded", "failed"],
+        note: str,
+        actor: str,
+        result: Any = None,
+    ) -> TurnWritten:
+        """Record the real outcome of a call whose outcome is unknown."""
+        return self._send(
+            calls.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
+        )
+
+    # --------------------------------------------------------------- events
+
+    def events(self, session_id: SessionRef, *, after: int = 0, limit: int = 100) -> EventsPage:
+        """One page of the session's stored events after version ``after``."""
+        return self._send(calls.events(session_id, after, limit))
+
+    def follow(
+        self,
+        session_id: SessionRef,
+        *,
+        after: int = 0,
+        deltas: bool = False,
+        reconnect_for: float = 30.0,
+    ) -> Iterator[Event | Delta]:
+        """The session's events after version ``after``, then live ones, for ever.
+
+        A dropped connection is resumed with ``Last-Event-ID``: no event is
+        lost or repeated. With ``deltas`` the pieces of a model reply that is
+        still streaming come too (``Delta``; live only, never stored). Raises
+        ``ServerUnreachable`` when no connection succeeds for ``reconnect_for`` s.
+        """
+        last, down_since = after, None
+        while True:
+            try:
+                for item in self._stream_once(session_id, last, deltas):
+                    down_since = None
+                    if isinstance(item, Event):
+                        last = item.version
+                    yield item
+            except httpx.TransportError:
+                pass
+            except ApiError as exc:
+                if exc.status not in calls.RETRY_STATUSES:
+                    raise
+            now = time.monotonic()
+            down_since = down_since or now
+            if now - down_since > reconnect_for:
+                raise ServerUnreachable(
+                    f"event stream of {session_id}: no connection for {reconnect_for:g}s"
+                )
+            time.sleep(self.retry.delay(1))
+
+    def _stream_once(
+        self, session_id: SessionRef, last: int, deltas: bool
+    ) -> Iterator[Event | Delta]:
+        timeout = httpx.Timeout(self.timeout, read=60.0)  # heartbeats come every 15 s
+        headers = calls.stream_headers(last)
+        with self._http.stream(
+            "GET", calls.stream_path(session_id), headers=headers, timeout=timeout
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise calls.problem_of(response)
+            calls.check_stream(response)
+            for frame in calls.frames(response.iter_lines(), SseParser()):
+                item = calls.item_of(frame, last, deltas)
+                if item is not None:
+                    if isinstance(item, Event):
+                        last = item.version
+                    yield item
+
+    # ---------------------------------------------------------- read models
+
+    def open_turns(
+        self,
+        *,
+        state: Literal["queued", "running", "interrupted"] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        min_position: int | None = None,
+    ) -> Page[OpenTurnRow]:
+        return self._send(calls.open_turns(state, limit, cursor, min_position))
+
+    def tool_calls(
+        self,
+        *,
+        status: str | None = None,
+        session_id: SessionRef | None = None,
+        tool: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        min_position: int | None = None,
+    ) -> Page[ToolCallRow]:
+        return self._send(calls.tool_calls(status, session_id, tool, limit, cursor, min_position))
+
+    def workers(self) -> Workers:
+        return self._send(calls.workers())
+
+    def projections(self) -> Projections:
+        return self._send(calls.projections())
