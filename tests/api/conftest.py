@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from tests import deadlines
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.domain.turns import Effect
@@ -92,15 +92,9 @@ def interrupt_a_turn(runtime: Runtime, session_id: str) -> tuple[str, str]:
 
 
 def eventually(check: Callable[[], Any], deadline: float = 20.0, every: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something truthy, or fail at the deadline."""
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"not true within {deadline}s: {check}")
-        time.sleep(every)
+    """Poll ``check`` until it returns something truthy, or fail at the deadline
+    (stretched by the machine's slowness, tests/deadlines.py)."""
+    return deadlines.poll(check, deadline, f"{check}", every)
 
 
 @contextmanager

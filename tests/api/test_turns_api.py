@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
+from tests.deadlines import scaled
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.bootstrap import build_runtime
@@ -88,7 +89,7 @@ def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient
 
     assert response.status_code == 202
     assert response.json()["state"] == "queued"
-    assert 0.3 <= time.monotonic() - started < 5
+    assert 0.3 <= time.monotonic() - started < scaled(5)
 
 
 @pytest.mark.parametrize("wait", ["0", "-1", "61", "soon"])
@@ -229,7 +230,7 @@ def test_resolving_the_unknown_call_lets_the_turn_finish_with_the_recorded_resul
 
 
 def _run_when_queued(runtime: Runtime, sid: str) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while not runtime.sessions.get_session(UUID(sid)).turn_count:
         assert time.monotonic() < deadline
         time.sleep(0.02)

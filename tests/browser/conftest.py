@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, drop_namespace
+from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, Process, free_port, poll
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
@@ -89,8 +90,9 @@ def page(chromium: Browser) -> Iterator[Page]:
     """A fresh tab (its own sessionStorage); a script error or a CSP violation fails the test."""
     context = chromium.new_context(viewport={"width": 1280, "height": 860})
     tab = context.new_page()
-    tab.set_default_timeout(TIMEOUT_MS)
-    expect.set_options(timeout=TIMEOUT_MS)
+    timeout = scaled(TIMEOUT_MS)  # milliseconds, stretched by the machine's slowness
+    tab.set_default_timeout(timeout)
+    expect.set_options(timeout=timeout)
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
     # The pages run under a strict Content-Security-Policy: a violation is a bug too.

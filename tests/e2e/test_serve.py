@@ -18,6 +18,7 @@ import pytest
 
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, turnlog, turnlog_env
+from tests.deadlines import scaled
 from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
@@ -54,7 +55,7 @@ def server(
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, deadline: float = 60) -> None:
-    end = time.monotonic() + deadline
+    end = time.monotonic() + scaled(deadline)
     while time.monotonic() < end:
         assert proc.poll() is None, f"serve exited {proc.returncode}:\n{log.read_text()}"
         try:

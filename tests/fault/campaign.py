@@ -28,7 +28,9 @@ from typing import Any
 import httpx
 import psycopg
 
+from tests import deadlines
 from tests.conftest import turnlog
+from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, Process, poll
 from tests.fault.record import (
     EFFECTS_FILE,
@@ -61,16 +63,24 @@ def message_for(i: int) -> tuple[str, str, str]:
     return kind, f"/tool append_file {json.dumps(body)}", marker
 
 
-class Client:
-    """HTTP calls that ride out the API's deaths: retried until a deadline."""
+def fixed(base: float) -> float:
+    return base
 
-    def __init__(self, url: str, deadline: float = 90.0) -> None:
+
+class Client:
+    """HTTP calls that ride out the API's deaths: retried until a deadline.
+
+    The deadline is ``deadline(90)`` seconds stretched by the machine's load:
+    the campaign makes it grow with the slowest restart it has measured.
+    """
+
+    def __init__(self, url: str, deadline: Callable[[float], float] = fixed) -> None:
         self.url = url
         self.deadline = deadline
         self.retries = 0
 
     def call(self, method: str, path: str, ok: set[int], **kwargs: Any) -> httpx.Response:
-        end = time.monotonic() + self.deadline
+        start = time.monotonic()
         while True:
             try:
                 response = httpx.request(method, self.url + path, timeout=15, **kwargs)
@@ -80,8 +90,9 @@ class Client:
                     raise AssertionError(f"{method} {path}: {response.status_code} {response.text}")
             except httpx.TransportError:
                 pass  # the API died under us, or is restarting: the same request again
-            if time.monotonic() > end:
-                raise AssertionError(f"{method} {path}: no answer within {self.deadline}s")
+            waited = time.monotonic() - start
+            if waited > scaled(self.deadline(90)):
+                raise AssertionError(f"{method} {path}: no answer within {waited:.0f}s")
             self.retries += 1
             time.sleep(0.1)
 
@@ -92,6 +103,7 @@ class Workload:
 
     c: Cluster
     clients: int = 6
+    deadline: Callable[[float], float] = fixed  # a base deadline → the one to use
     acknowledged: dict[str, str] = field(default_factory=dict)  # turn id → kind
     markers: dict[str, str] = field(default_factory=dict)  # marker → turn id
     operator: dict[str, int] = field(default_factory=lambda: {"resolved": 0, "abandoned": 0})
@@ -108,13 +120,17 @@ class Workload:
             thread.start()
             self._threads.append(thread)
 
-    def finish(self, timeout: float = 120) -> None:
+    def finish(self) -> None:
+        """Stop submitting; wait for every client to see its last turn through."""
         self.stop.set()
+        end = time.monotonic() + scaled(self.deadline(120)) + scaled(self.deadline(90))
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, end - time.monotonic()))
+        if any(thread.is_alive() for thread in self._threads):
+            self.errors.append("a client did not finish its last turn in time")
 
     def _guarded(self, n: int) -> None:
-        http = Client(self.c.api_url)
+        http = Client(self.c.api_url, self.deadline)
         try:
             self._client(n, http)
         except Exception as exc:  # reported, and fails the run
@@ -156,15 +172,14 @@ class Workload:
     ) -> None:
         """Wait for the turn to finish; settle it as an operator would if interrupted."""
         path = f"/v1/sessions/{session_id}/turns/{turn_id}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
+
+        def finished() -> bool:
             turn = http.call("GET", path, {200}).json()
             if turn["state"] == "interrupted":
                 self._settle(http, session_id, turn, marker, i)
-            elif turn["state"] in FINISHED:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"turn {turn_id} did not finish within 120 s")
+            return turn["state"] in FINISHED
+
+        deadlines.poll(finished, self.deadline(120), f"turn {turn_id} finished", every=0.1)
 
     def _settle(
         self, http: Client, session_id: str, turn: dict[str, Any], marker: str, i: int
@@ -204,7 +219,14 @@ class Round:
 
 
 class Campaign:
-    """Kills processes of a running cluster, one round at a time, and checks each round."""
+    """Kills processes of a running cluster, one round at a time, and checks each round.
+
+    No wait has a fixed budget: each is the larger of its base and a multiple
+    of the slowest restart measured so far in this run (``deadline``), and
+    then stretched by the machine's load (tests/deadlines.py) — so a machine
+    on which a restart takes 50 s instead of 2 s gives every wait room in
+    proportion, while a hung process still fails the run.
+    """
 
     def __init__(
         self,
@@ -224,7 +246,16 @@ class Campaign:
         self.kills: list[Kill] = []
         self.rounds: list[Round] = []
         self.record = Record(c.settings, c.database)
-        self.workload = Workload(c)
+        self.workload = Workload(c, deadline=self.deadline)
+
+    def deadline(self, base: float) -> float:
+        """``base`` seconds, or more where restarts in this run have been slow.
+
+        A wait may span a restart and the next kill's restart, plus the
+        recovery after it: four times the slowest restart measured covers that.
+        """
+        slowest = max((k.restored_after or 0.0 for k in self.kills), default=0.0)
+        return max(base, 4 * slowest)
 
     # ------------------------------------------------------------ processes
 
@@ -266,15 +297,24 @@ class Campaign:
 
     # --------------------------------------------------------------- rounds
 
+    def plan(self, kills: int) -> list[str]:
+        """Who dies in each round: at random, with every role at least once."""
+        names = ["api", "projections", *self.worker_names]
+        victims = [self.rng.choice(names) for _ in range(kills)]
+        every_role = ["api", "projections", self.rng.choice(self.worker_names)]
+        if kills >= len(every_role):
+            for slot, name in zip(self.rng.sample(range(kills), 3), every_role, strict=True):
+                victims[slot] = name
+        return victims
+
     def run(self, kills: int) -> None:
-        for _ in range(kills):
+        for name in self.plan(kills):
             time.sleep(self.rng.uniform(*self.pause))
-            self.round()
+            self.round(name)
             if self.workload.errors:
                 raise AssertionError("; ".join(self.workload.errors))
 
-    def round(self) -> None:
-        name = self.rng.choice(["api", "projections", *self.worker_names])
+    def round(self, name: str) -> None:
         role = "worker" if name.startswith("worker") else name
         victim = self.procs[name]
         victim.kill()  # returns once the process is gone
@@ -283,7 +323,7 @@ class Campaign:
         self.kills.append(kill)
         replacement = self._restart(name)
         self.procs[name] = replacement
-        poll(lambda: self._restored(name, replacement), 60, f"{name} restored")
+        poll(lambda: self._restored(name, replacement), self.deadline(60), f"{name} restored")
         kill.restored_after = time.time() - kill.at
         checked = self._check_round(kill)
         self.rounds.append(checked)
@@ -302,7 +342,8 @@ class Campaign:
             return outcome if all(outcome.values()) else None
 
         try:
-            outcome = poll(settled, 60, "recovery of the dead worker's turns") if held else {}
+            recovery = "recovery of the dead worker's turns"
+            outcome = poll(settled, self.deadline(60), recovery) if held else {}
         except AssertionError as exc:
             outcome = recovered(self.record, held, kill.at)
             return Round(kill, outcome, [str(exc)])
@@ -372,7 +413,7 @@ class Campaign:
     def verify_with_cli(self) -> list[str]:
         """``turnlog audit ID --verify`` for every session, then ``turnlog projections verify``."""
         head = self.record.refresh().position
-        poll(lambda: self._caught_up(head), 60, "the read models catching up")
+        poll(lambda: self._caught_up(head), self.deadline(60), "the read models catching up")
         failures = []
         for session_id in self.record.session_ids():
             done = turnlog(self.c.settings, "audit", session_id, "--verify")

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ import httpx
 import psycopg
 from psycopg import sql
 
+from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from turnlog.application.database import Database
 from turnlog.application.leases import session_lock_key
@@ -30,15 +30,9 @@ T = TypeVar("T")
 
 
 def poll(check: Callable[[], T | None], deadline: float = 20.0, what: str = "condition") -> T:
-    """Call ``check`` until it returns something truthy, or fail after ``deadline`` seconds."""
-    end = time.monotonic() + deadline
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"{what} not reached within {deadline}s")
-        time.sleep(0.05)
+    """Call ``check`` until it returns something truthy, or fail after ``deadline`` seconds
+    stretched by the machine's slowness (tests/deadlines.py)."""
+    return deadlines.poll(check, deadline, what)
 
 
 def free_port() -> int:
@@ -73,7 +67,7 @@ class Process:
         return self.wait()
 
     def wait(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout=timeout)
+        code = self.proc.wait(timeout=deadlines.scaled(timeout))
         self._log.close()
         return code
 

@@ -1,7 +1,14 @@
-"""The kill campaign, short: ~20 SIGKILLs of random processes under a mixed load.
+"""The kill campaign, short: a dozen SIGKILLs of random processes under a mixed load.
 
 ``make chaos`` runs the long one (tests/fault/chaos.py, 200+ kills); this
-one keeps the same invariants in every ``make test``.
+one keeps the same invariants in every ``make test``: every role (API,
+projection runner, worker) is killed at least once, at random moments, and
+every round and the whole record are checked.
+
+It has no fixed time budget: each wait grows with the slowest restart the
+campaign has measured and with the machine's load (``Campaign.deadline``,
+tests/deadlines.py), so a busy machine makes it slower, not red. The pytest
+timeout is only a net for a hang, KILLS rounds of several minutes each.
 """
 
 from __future__ import annotations
@@ -15,11 +22,11 @@ from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
-KILLS = 20
+KILLS = 12
 
 
-@pytest.mark.timeout(240)
-def test_twenty_random_kills_lose_nothing_repeat_no_side_effect_and_leave_the_record_whole(
+@pytest.mark.timeout(KILLS * 300)
+def test_random_kills_of_every_role_lose_nothing_repeat_no_side_effect_and_leave_the_record_whole(
     settings: Settings, database: Database
 ) -> None:
     with cluster(settings, database) as c:
@@ -33,6 +40,7 @@ def test_twenty_random_kills_lose_nothing_repeat_no_side_effect_and_leave_the_re
             campaign.close()
     print("\n".join(f"{k}: {v}" for k, v in figures.items()))
     assert figures["kills"] == KILLS
+    assert all(figures["kills by role"].values()), figures["kills by role"]
     assert figures["lost"] == 0
     assert figures["duplicates"] == 0
     assert figures["invariant violations"] == 0, figures["round problems"]

@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,9 @@ from uuid import UUID
 
 import pytest
 
+from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
+from tests.deadlines import scaled
 from turnlog.application.database import Database
 from turnlog.application.processes import GATE_NAME, kill_group
 from turnlog.application.runtime import Runtime
@@ -90,10 +91,7 @@ def group_members(pgid: int) -> list[int]:
 
 
 def poll(condition: Any, what: str, deadline: float = 20.0) -> None:
-    end = time.monotonic() + deadline
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
+    deadlines.poll(condition, deadline, what, every=0.02)
 
 
 def kill_worker_mid_sleep(
@@ -121,7 +119,7 @@ def kill_worker_mid_sleep(
         poll(lambda: GATE_NAME.encode() not in cmdline.read_bytes(), "the command to start")
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     return process
 
 

@@ -6,12 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests import deadlines
 from tests.conftest import raw_events, spawn_turnlog, turnlog
+from tests.deadlines import scaled
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
 
@@ -22,13 +23,12 @@ def wait_for_topic(
     database: Database, namespace: str, topic: str, count: int = 1, deadline: float = 30.0
 ) -> None:
     """Poll the events table until ``count`` events of ``topic`` are stored."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
+
+    def stored() -> bool:
         topics = [r[3] for r in raw_events(database, namespace)]
-        if topics.count(f"turnlog.session.{topic}.v1") >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{topic} not recorded within {deadline}s")
+        return topics.count(f"turnlog.session.{topic}.v1") >= count
+
+    deadlines.poll(stored, deadline, f"{topic} recorded")
 
 
 def kill_mid_tool(settings: Settings, database: Database, session_id: str, tool_call: str) -> None:
@@ -38,7 +38,7 @@ def kill_mid_tool(settings: Settings, database: Database, session_id: str, tool_
         wait_for_topic(database, settings.namespace, "ToolCallStarted")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     assert proc.returncode == -signal.SIGKILL
 
 
@@ -147,7 +147,7 @@ def test_a_read_only_call_killed_mid_flight_is_run_again(
         wait_for_topic(database, settings.namespace, "ToolCallStarted", count=2)
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.wait(timeout=scaled(10))
     view = show(settings, session_id)
     call = view["turns"][0]["tool_calls"][0]
     assert call["state"] == "started" and call["attempt"] == 2

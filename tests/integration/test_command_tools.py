@@ -20,6 +20,7 @@ from uuid import UUID
 import pytest
 
 from tests.conftest import ROOT, raw_events, turnlog_env
+from tests.deadlines import scaled
 from turnlog.application.command_tools import load_tools_file
 from turnlog.application.database import Database
 from turnlog.application.errors import ConfigurationError, LeaseLost
@@ -81,7 +82,7 @@ def gone(pid: int) -> bool:
 
 
 def wait_until_gone(pid: int, deadline: float = 10.0) -> None:
-    end = time.monotonic() + deadline
+    end = time.monotonic() + scaled(deadline)
     while not gone(pid):
         assert time.monotonic() < end, f"process {pid} still alive"
         time.sleep(0.02)

@@ -22,6 +22,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from tests.conftest import ROOT, raw_events, turnlog_env
+from tests.deadlines import scaled
 from tests.openai_stub import HANG, StubOpenAI, raw, reply, status, tool_calls
 from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
@@ -279,7 +280,7 @@ def test_a_model_that_does_not_answer_in_time_fails_after_bounded_retries(
         assert turn.state == "failed"
         assert "timeout" in turn.error and "after 2 attempts" in turn.error
         assert len(stub.requests) == 2
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < scaled(5)
     finally:
         rt.close()
 
@@ -363,7 +364,7 @@ def test_a_fresh_process_continues_a_killed_turn_sending_the_full_history(
 
 def continue_once_released(rt: Runtime, session_id: UUID, deadline: float = 10.0) -> Any:
     """Continue the session as soon as the server has noticed the dead owner's lease is gone."""
-    end = time.monotonic() + deadline
+    end = time.monotonic() + scaled(deadline)
     while True:
         try:
             return rt.continue_session(session_id)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.histories import WORKER, Scripted, scripted_history
 from turnlog.application.errors import (
     InvalidCursor,
@@ -46,7 +47,7 @@ def test_read_models_hold_exactly_the_rows_the_history_implies(
     runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
 ) -> None:
     h = scripted_history(runtime)
-    assert read.wait_for(h.last_position, timeout=10)
+    assert read.wait_for(h.last_position, timeout=scaled(10))
 
     sessions = rows_by(read.list_sessions(limit=100), "title")
     assert {
@@ -122,14 +123,14 @@ def assert_agrees_with_aggregates(runtime: Runtime, read: ReadModels, h: Scripte
 def test_a_live_runner_reflects_a_new_event_within_a_second(
     runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
 ) -> None:
-    assert read.wait_for(read.events.head(), timeout=5)  # the runners are active
+    assert read.wait_for(read.events.head(), timeout=scaled(5))  # the runners are active
     written = runtime.sessions.create_session(title="fresh")
-    assert read.wait_for(written.position, timeout=1.0)
+    assert read.wait_for(written.position, timeout=scaled(1.0))
     [row], _ = read.list_sessions(limit=1)
     assert (row["session_id"], row["title"]) == (str(written.session_id), "fresh")
 
     submitted = runtime.sessions.submit_turn(written.session_id, "hello")
-    assert read.wait_for(submitted.position, timeout=1.0, names=["open_turns"])
+    assert read.wait_for(submitted.position, timeout=scaled(1.0), names=["open_turns"])
     [turn], _ = read.list_open_turns(state="queued")
     assert turn["turn_id"] == submitted.turn_id
 
@@ -139,7 +140,7 @@ def test_runners_catch_up_by_polling_when_no_notification_comes(
 ) -> None:
     with ProjectionSupervisor(runtime.settings, runtime.db, listen=False, poll_interval=0.2):
         written = runtime.sessions.create_session(title="polled")
-        assert read.wait_for(written.position, timeout=2.0)
+        assert read.wait_for(written.position, timeout=scaled(2.0))
 
 
 def test_lists_page_by_cursor_and_refuse_malformed_input(
@@ -182,7 +183,7 @@ def test_status_reports_position_lag_and_the_runner_that_holds_each_read_model(
     assert not before["sessions"]["running"]
 
     with ProjectionSupervisor(runtime.settings, runtime.db, ["sessions"], poll_interval=0.2):
-        assert read.wait_for(written.position, timeout=5, names=["sessions"])
+        assert read.wait_for(written.position, timeout=scaled(5), names=["sessions"])
         now = {s["name"]: s for s in read.status()}
     assert now["sessions"]["lag_events"] == 0 and now["sessions"]["lag_seconds"] == 0.0
     assert now["sessions"]["running"] and "turnlog-projection sessions" in now["sessions"]["holder"]
