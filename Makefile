@@ -33,7 +33,7 @@ lint: $(STAMP)
 # slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 PYTEST := $(BIN)/pytest --durations=10
-PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
 	@start=$$(date +%s); status=0; \
@@ -97,9 +97,11 @@ browser-deps-if-root:
 		"will be skipped; install it with \`sudo make browser-deps\` ***"; fi
 
 # Debian's Chromium for the browser tests (tests/browser skips them, saying why, without it).
-# Quick when it is already installed; needs root and apt-get.
+# Quick when it is already installed; needs root and apt-get. Two runs at once (two clones)
+# take turns (flock) rather than fail on apt's lock.
 browser-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 		export DEBIAN_FRONTEND=noninteractive; \
-		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+		$$(command -v flock >/dev/null && echo flock /tmp/turnlog-browser-deps.lock) sh -c \
+		'command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }'; }
 	@chromium --version 2>/dev/null | head -n1

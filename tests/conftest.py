@@ -37,8 +37,9 @@ from turnlog.interface.bootstrap import build_runtime
 ROOT = Path(__file__).resolve().parent.parent
 TEST_DATA = ROOT / ".turnlog" / "test"
 # The rings, in the order a run starts them: the longest files first, so that the
-# last worker to finish is not left with a long file alone (xdist --dist loadfile).
-RINGS = ("fault", "browser", "e2e", "api", "integration", "unit")
+# last worker to finish is not left with a long file alone (xdist --dist loadfile, in this
+# order: --no-loadscope-reorder).
+RINGS = ("fault", "browser", "e2e", "client", "api", "integration", "unit")
 # Files long enough to be started before everything else.
 LONGEST_FIRST = ("tests/fault/test_kill_campaign.py",)
 
