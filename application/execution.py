@@ -179,8 +179,7 @@ class Executor:
         """Why a reply cannot be carried out (an unknown tool), or ''."""
         for call in reply.tool_calls:
             name = str(call.get("name", ""))
-            allowed = not session.tools or name in session.tools
-            if self.tools.get(name) is None or not allowed:
+            if self.tools.get(name) is None or not session.allows_tool(name):
                 return f"the model asked for unknown tool {name!r}"
         return ""
 

@@ -82,7 +82,9 @@ class OpenAIProvider:
         return self.config.base_url.rstrip("/") + "/chat/completions"
 
     def complete(self, request: ModelRequest) -> ModelReply:
-        body = request_body(request, self._tool_specs(request.tools), self.config.default_model)
+        chosen_none = request.tools_chosen and not request.tools
+        specs = [] if chosen_none else self._tool_specs(request.tools)
+        body = request_body(request, specs, self.config.default_model)
         return parse_reply(self._post(body))
 
     def close(self) -> None:

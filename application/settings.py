@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     tools_file: Path | None = Field(
         default=None, description="TOML or JSON file declaring command tools."
     )
+    default_tools: str | None = Field(
+        default=None,
+        description="Tools of a new session that names none, comma-separated (empty: none)."
+        " Unset: every tool for the fixture provider; for others, all but the demo ones"
+        " (echo, sleep, append_file).",
+    )
     tool_output_bytes: int = Field(
         default=16384, ge=256, description="Output kept per stream of a command tool."
     )
@@ -89,12 +95,24 @@ class Settings(BaseSettings):
         return value
 
     @property
+    def default_tool_names(self) -> list[str] | None:
+        """``default_tools`` as a list (None when unset)."""
+        if self.default_tools is None:
+            return None
+        return split_names(self.default_tools)
+
+    @property
     def schema_name(self) -> str:
         return f"turnlog_{self.namespace}"
 
     @property
     def sandbox_root(self) -> Path:
         return self.data_dir.resolve() / "sandboxes" / self.namespace
+
+
+def split_names(text: str) -> list[str]:
+    """Comma-separated names, blanks dropped: "echo, sleep" → ["echo", "sleep"]."""
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def check_namespace(value: str) -> None:

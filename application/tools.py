@@ -33,6 +33,26 @@ def idempotency_key(namespace: str, session_id: str, call_id: str) -> str:
     return str(uuid.uuid5(IDEMPOTENCY_KEYS, "\x1f".join((namespace, session_id, call_id))))
 
 
+# The built-in tools: for demonstrations and tests, not for a real model's sessions.
+DEMO_TOOLS = frozenset({"echo", "sleep", "append_file"})
+
+
+def default_tools(
+    available: Sequence[str], provider: str, configured: Sequence[str] | None = None
+) -> list[str]:
+    """The tools a new session gets when its creator names none.
+
+    The configured list when there is one; otherwise every tool for the
+    fixture provider, and every tool but the demonstration ones for a real
+    provider (a real model should not be offered ``append_file`` or ``sleep``).
+    """
+    if configured is not None:
+        return list(dict.fromkeys(configured))
+    if provider == "fixture":
+        return list(available)
+    return [name for name in available if name not in DEMO_TOOLS]
+
+
 class ToolError(Exception):
     """The tool refused its arguments or failed; recorded as ToolCallFailed."""
 

@@ -39,6 +39,8 @@ class ModelRequest:
     model: str
     messages: tuple[Message, ...]
     tools: tuple[str, ...] = field(default_factory=tuple)
+    # True: exactly ``tools`` (none when empty); False: an empty ``tools`` means every tool.
+    tools_chosen: bool = False
 
 
 def tool_result_text(call: ToolCall) -> str:
@@ -78,6 +80,7 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         model=session.model,
         messages=tuple(messages),
         tools=tuple(session.tools),
+        tools_chosen=session.tools_chosen,
     )
 
 

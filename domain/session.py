@@ -75,6 +75,13 @@ class Session(Aggregate):
         tools: list[str]
         metadata: dict[str, Any]
         created_by: str
+        # True: ``tools`` is exactly what the session offers (none when empty).
+        # Sessions stored before the choice was recorded load as False, where an
+        # empty list meant every tool of the process.
+        tools_chosen: bool = False
+
+    # Also the value of a session restored from a snapshot taken before the field.
+    tools_chosen = False
 
     def __init__(
         self,
@@ -85,12 +92,14 @@ class Session(Aggregate):
         tools: list[str],
         metadata: dict[str, Any],
         created_by: str,
+        tools_chosen: bool = False,
     ) -> None:
         self.title = title
         self.system_prompt = system_prompt
         self.provider = provider
         self.model = model
         self.tools = list(tools)
+        self.tools_chosen = tools_chosen
         self.metadata = dict(metadata)
         self.created_by = created_by
         self.closed = False
@@ -141,8 +150,13 @@ class Session(Aggregate):
         metadata: dict[str, Any] | None = None,
         created_by: str = "",
         session_id: UUID | None = None,
+        tools_chosen: bool = False,
     ) -> Session:
-        """Start a new session."""
+        """Start a new session.
+
+        ``tools_chosen``: ``tools`` is the exact choice (empty: no tools);
+        otherwise an empty ``tools`` offers every tool of the process.
+        """
         fields = (title, system_prompt, provider, model, list(tools), metadata, created_by)
         check_storable(fields, "the session's settings")
         return cls._create(
@@ -155,6 +169,7 @@ class Session(Aggregate):
             tools=list(tools),
             metadata=dict(metadata or {}),
             created_by=created_by,
+            tools_chosen=tools_chosen,
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
@@ -193,6 +208,12 @@ class Session(Aggregate):
         if self.turns:
             return self.turns[-1]
         return FinishedTurn.from_entry(self.finished[-1]) if self.finished else None
+
+    def allows_tool(self, name: str) -> bool:
+        """Whether the session offers the tool ``name`` to its model."""
+        if self.tools_chosen:
+            return name in self.tools
+        return not self.tools or name in self.tools
 
     @property
     def retains_finished(self) -> bool:

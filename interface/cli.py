@@ -22,7 +22,8 @@ from rich.markup import escape
 from turnlog import __version__
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
-from turnlog.application.settings import Settings
+from turnlog.application.settings import Settings, split_names
+from turnlog.application.tools import default_tools
 from turnlog.application.views import describe_session, describe_turn
 from turnlog.interface import cli_work
 from turnlog.interface.bootstrap import build_runtime
@@ -161,16 +162,34 @@ def sessions_new(
     system_prompt: Annotated[str, typer.Option(help="System prompt for every request.")] = "",
     provider: Annotated[str | None, typer.Option(help="Provider (default from settings).")] = None,
     model: Annotated[str | None, typer.Option(help="Model (default from settings).")] = None,
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            help="Tools the model may call, comma-separated ('': none). Default: "
+            "TURNLOG_DEFAULT_TOOLS, or all for the fixture provider and all but the demo "
+            "tools (echo, sleep, append_file) for a real one."
+        ),
+    ] = None,
 ) -> None:
     """Create a session and print its id."""
 
     def create(rt: Runtime) -> None:
+        chosen_provider = provider or rt.settings.provider
+        available = rt.executor.tools.names()
+        if tools is None:
+            chosen = default_tools(available, chosen_provider, rt.settings.default_tool_names)
+        else:
+            chosen = split_names(tools)
+        unknown = sorted(set(chosen) - set(available))
+        if unknown:
+            fail(2, f"unknown tools: {', '.join(unknown)} (known: {', '.join(available)})")
         written = rt.sessions.create_session(
             title=title,
             system_prompt=system_prompt,
-            provider=provider or rt.settings.provider,
+            provider=chosen_provider,
             model=model or rt.settings.model,
-            tools=rt.executor.tools.names(),
+            tools=chosen,
+            tools_chosen=True,
             created_by=default_actor(),
         )
         out.print(str(written.session_id))

@@ -37,7 +37,11 @@ class CreateSessionRequest(Strict):
     provider: str | None = Field(None, max_length=100, description="Model provider name.")
     model: str | None = Field(None, max_length=200, description="Model name.")
     tools: list[str] | None = Field(
-        None, max_length=100, description="Tools the model may call; default: every tool."
+        None,
+        max_length=100,
+        description="Tools the model may call ([]: none). Default: TURNLOG_DEFAULT_TOOLS, or"
+        " every tool for the fixture provider and all but the demo tools (echo, sleep,"
+        " append_file) for a real one.",
     )
     metadata: dict[str, Any] = Field(
         default_factory=dict, description="Free-form; keys starting with 'turnlog.' are reserved."

@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from turnlog.application.idempotency import start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
+from turnlog.application.tools import default_tools
 from turnlog.application.views import describe_session
 from turnlog.interface.http.deps import (
     IdempotencyKey,
@@ -72,15 +73,16 @@ def create_session(
 def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, Any]:
     """The session's settings, with the server's defaults; refuse names it does not know."""
     known_tools = runtime.executor.tools.names()
-    tools = known_tools if body.tools is None else body.tools
-    unknown = sorted(set(tools) - set(known_tools))
-    if unknown:
-        raise InvalidRequest(f"unknown tools: {', '.join(unknown)}", known_tools=known_tools)
     provider = body.provider or runtime.settings.provider
     if provider not in runtime.executor.providers.names():
         raise InvalidRequest(
             f"unknown provider {provider!r}", known_providers=runtime.executor.providers.names()
         )
+    configured = runtime.settings.default_tool_names
+    tools = default_tools(known_tools, provider, configured) if body.tools is None else body.tools
+    unknown = sorted(set(tools) - set(known_tools))
+    if unknown:
+        raise InvalidRequest(f"unknown tools: {', '.join(unknown)}", known_tools=known_tools)
     reserved = sorted(k for k in body.metadata if k.startswith("turnlog."))
     if reserved:
         raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
@@ -90,6 +92,7 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
         "provider": provider,
         "model": body.model or runtime.settings.model,
         "tools": list(dict.fromkeys(tools)),
+        "tools_chosen": True,  # exactly these: an empty list offers none
         "metadata": body.metadata,
         "created_by": body.created_by or "api",
     }
