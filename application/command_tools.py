@@ -49,6 +49,8 @@ DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
 _ENTRY_KEYS = {"name", "description", "parameters", "effect", "command", "timeout_seconds"}
+# Sections of the tools file read elsewhere: Python tool modules (python_tools).
+OTHER_SECTIONS = {"modules", "mcp_servers"}
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
 SHELL_SPEC = ToolSpec(
@@ -170,6 +172,8 @@ def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
     """Parse and check every declaration of a TOML or JSON tools file."""
     data = _read(path)
     entries = data.get("tools") if isinstance(data, dict) else None
+    if entries is None and isinstance(data, dict) and set(data) & OTHER_SECTIONS:
+        entries = []  # a file of Python tool modules (or MCP servers) only
     if not isinstance(entries, list):
         raise ConfigurationError(f"tools file {path}: expected a list named 'tools'")
     tools: list[Tool] = []
@@ -186,6 +190,11 @@ def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
         seen.add(tool.spec.name)
         tools.append(tool)
     return tools
+
+
+def read_tools_file(path: Path) -> Any:
+    """The parsed tools file (TOML or JSON), or ConfigurationError naming the problem."""
+    return _read(path)
 
 
 def _read(path: Path) -> Any:

@@ -70,6 +70,10 @@ class Settings(BaseSettings):
     tools_file: Path | None = Field(
         default=None, description="TOML or JSON file declaring command tools."
     )
+    tool_modules: str | None = Field(
+        default=None,
+        description="Comma-separated Python modules whose `@turnlog.tool` functions are offered.",
+    )
     default_tools: str | None = Field(
         default=None,
         description="Tools of a new session that names none, comma-separated (empty: none)."

@@ -12,12 +12,13 @@ import socket
 import uuid
 
 from turnlog.application import database
-from turnlog.application.command_tools import add_declared_tools, shell_tool
+from turnlog.application.command_tools import add_declared_tools, read_tools_file, shell_tool
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution import Executor
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
 from turnlog.application.processes import unsupported_reason
 from turnlog.application.providers import FixtureProvider, ProviderRegistry
+from turnlog.application.python_tools import load_modules, module_names
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
@@ -44,7 +45,8 @@ def open_sessions(settings: Settings, db: database.Database) -> Sessions:
 def build_tools(settings: Settings) -> ToolRegistry:
     """Built-ins, the shell tool when enabled, and the tools file (a bad file stops start-up)."""
     tools = ToolRegistry(builtin_tools())
-    if settings.shell_tool or settings.tools_file is not None:
+    modules = python_tool_modules(settings)
+    if settings.shell_tool or settings.tools_file is not None or modules:
         reason = unsupported_reason()
         if reason:
             raise ConfigurationError(reason)
@@ -52,7 +54,26 @@ def build_tools(settings: Settings) -> ToolRegistry:
         tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
     if settings.tools_file is not None:
         add_declared_tools(tools, settings.tools_file, settings.tool_output_bytes)
+    for tool in load_modules(modules, settings.tool_output_bytes):
+        try:
+            tools.add(tool)
+        except ValueError as exc:
+            where = f"{tool.declaration.module}.{tool.declaration.function}"
+            raise ConfigurationError(f"Python tool {where}: {exc}") from None
     return tools
+
+
+def python_tool_modules(settings: Settings) -> list[str]:
+    """TURNLOG_TOOL_MODULES, then the tools file's ``modules`` list."""
+    listed: list[str] = []
+    if settings.tools_file is not None:
+        data = read_tools_file(settings.tools_file)
+        listed = data.get("modules", []) if isinstance(data, dict) else []
+        if not isinstance(listed, list) or not all(isinstance(m, str) for m in listed):
+            raise ConfigurationError(
+                f"tools file {settings.tools_file}: modules must be a list of module names"
+            )
+    return module_names(settings.tool_modules, listed)
 
 
 def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry:

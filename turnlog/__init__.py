@@ -31,6 +31,7 @@ _LAZY = {
     "NotATurnlogServer": "turnlog.interface.client",
     "ServerUnreachable": "turnlog.interface.client",
     "models": "turnlog.interface.client.models",
+    "tool": "turnlog.application.python_tools",
 }
 
 __all__ = [
@@ -43,9 +44,11 @@ __all__ = [
     "TurnlogError",
     "__version__",
     "models",
+    "tool",
 ]
 
 if TYPE_CHECKING:
+    from turnlog.application.python_tools import tool
     from turnlog.interface.client import (
         ApiError,
         AsyncClient,

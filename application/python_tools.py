@@ -1,0 +1,226 @@
+"""Tools written in Python: ``@turnlog.tool`` on a typed function.
+
+    @turnlog.tool(effect="read_only", timeout=10)
+    def word_count(path: str, min_length: int = 1) -> dict[str, int]:
+        \"\"\"Count the words of a file in the sandbox.\"\"\"
+
+The parameters' JSON schema comes from the type hints (through pydantic), the
+description from the docstring. Modules holding such functions are named in
+``TURNLOG_TOOL_MODULES`` (comma-separated) or in the tools file's ``modules``
+list; every process imports them at start-up, and a module that cannot be
+imported, a function without type hints, or two tools with one name stop
+start-up with the cause named.
+
+Where they run: never in the worker's process. Each call is a fresh
+``python -m turnlog.application.python_tool_runner`` in the session's sandbox,
+its own process group, started like a command tool's process (its pid and
+start time recorded before it runs), so a tool that overruns its timeout is
+killed with its group and cannot wedge the worker, and a worker killed
+mid-call leaves the same record as for a command tool: recovery re-runs a
+``read_only`` or ``idempotent`` tool and interrupts the turn for a
+``side_effecting`` one (the outcome is unknown).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from turnlog.application.errors import ConfigurationError
+from turnlog.application.processes import run_command
+from turnlog.application.tools import ToolContext, ToolError, ToolSpec, check_arguments
+from turnlog.domain.turns import Effect
+
+F = TypeVar("F", bound=Callable[..., Any])
+MARK = "__turnlog_tool__"
+ARGUMENTS_ENV = "TURNLOG_TOOL_ARGUMENTS"
+# The runner's last line of output: this marker, then the result as JSON. What
+# the function itself prints can never be taken for its result.
+RESULT_MARK = "\x1eturnlog-result "
+DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 3600.0
+EffectName = Literal["read_only", "idempotent", "side_effecting"]
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What ``@tool`` attaches to a function."""
+
+    spec: ToolSpec
+    timeout: float
+    module: str
+    function: str
+
+
+def tool(
+    effect: EffectName = "side_effecting",
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Callable[[F], F]:
+    """Offer a typed function as a tool; it is returned unchanged (still callable as is).
+
+    ``effect`` decides recovery after a crash mid-call: ``read_only`` and
+    ``idempotent`` tools are run again, ``side_effecting`` ones (the default)
+    are never repeated behind anyone's back.
+    """
+    if effect not in ("read_only", "idempotent", "side_effecting"):
+        raise ValueError(f"effect must be read_only, idempotent or side_effecting, not {effect!r}")
+    if isinstance(timeout, bool) or not 0 < float(timeout) <= MAX_TIMEOUT:
+        raise ValueError(f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
+
+    def declare(function: F) -> F:
+        spec = ToolSpec(
+            name or function.__name__,
+            description or _description(function),
+            parameters_schema(function),
+            Effect(effect),
+        )
+        setattr(
+            function,
+            MARK,
+            Declaration(spec, float(timeout), function.__module__, function.__qualname__),
+        )
+        return function
+
+    return declare
+
+
+def _description(function: Callable[..., Any]) -> str:
+    text = inspect.getdoc(function)
+    if not text:
+        raise TypeError(
+            f"tool {function.__qualname__}: a docstring is needed (it is the description)"
+        )
+    return text.strip()
+
+
+def arguments_model(function: Callable[..., Any]) -> type[BaseModel]:
+    """A pydantic model of the function's parameters; every parameter must have a type hint."""
+    signature = inspect.signature(function)
+    hints = inspect.get_annotations(function, eval_str=True)
+    fields: dict[str, Any] = {}
+    for parameter in signature.parameters.values():
+        if parameter.kind in (
+            parameter.VAR_POSITIONAL,
+            parameter.VAR_KEYWORD,
+            parameter.POSITIONAL_ONLY,
+        ):
+            raise TypeError(
+                f"tool {function.__qualname__}: parameter {parameter.name!r} must be named"
+            )
+        if parameter.name not in hints:
+            raise TypeError(
+                f"tool {function.__qualname__}: parameter {parameter.name!r} has no type hint"
+            )
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints[parameter.name], default)
+    config = ConfigDict(extra="forbid")
+    return create_model(f"{function.__name__}_arguments", __config__=config, **fields)
+
+
+def parameters_schema(function: Callable[..., Any]) -> dict[str, Any]:
+    schema = arguments_model(function).model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    schema.setdefault("required", [])
+    return schema
+
+
+@dataclass(frozen=True)
+class PythonTool:
+    """A ``@tool`` function, run in a process of its own in the session's sandbox."""
+
+    declaration: Declaration
+    python_path: tuple[str, ...]
+    output_limit: int = 16 * 1024
+
+    @property
+    def spec(self) -> ToolSpec:
+        return self.declaration.spec
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        check_arguments(self.spec, arguments)
+        declared = self.declaration
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "LANG": "C.UTF-8",
+            "HOME": str(context.sandbox),
+            "PYTHONPATH": os.pathsep.join(self.python_path),
+            "TURNLOG_SESSION_ID": context.session_id,
+            "TURNLOG_CALL_ID": context.call_id,  # the call's idempotency key
+            "TURNLOG_ATTEMPT": str(context.attempt),
+            ARGUMENTS_ENV: json.dumps(arguments),
+        }
+        argv = [sys.executable, "-m", "turnlog.application.python_tool_runner"]
+        result = run_command(
+            [*argv, declared.module, declared.function],
+            cwd=context.sandbox,
+            env=env,
+            timeout=declared.timeout,
+            output_limit=max(self.output_limit, 64 * 1024),
+            report=context.report_process,
+        )
+        if result.timed_out:
+            raise ToolError(
+                f"{self.spec.name}: timed out after {declared.timeout:g}s; its process was killed"
+            )
+        return _answer(
+            self.spec.name, result.exit_code, result.stdout, result.stderr, result.truncated
+        )
+
+
+def _answer(name: str, exit_code: int | None, stdout: str, stderr: str, truncated: bool) -> Any:
+    if exit_code != 0:
+        reason = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {exit_code}"
+        raise ToolError(f"{name}: {reason}")
+    if truncated:
+        raise ToolError(f"{name}: its result is larger than the output limit")
+    _, marked, text = stdout.rpartition(RESULT_MARK)
+    try:
+        if not marked:
+            raise ValueError("no result")
+        return json.loads(text)
+    except ValueError:
+        raise ToolError(f"{name}: it gave no JSON result; output: {stdout[-200:]!r}") from None
+
+
+# ------------------------------------------------------------------ loading
+
+
+def module_names(setting: str | None, from_file: Iterable[str] = ()) -> list[str]:
+    names = [n.strip() for n in (setting or "").split(",") if n.strip()]
+    return list(dict.fromkeys([*names, *from_file]))
+
+
+def load_modules(names: Iterable[str], output_limit: int) -> list[PythonTool]:
+    """Import each module and collect its ``@tool`` functions; refuse with the cause named."""
+    python_path = tuple(p or os.getcwd() for p in sys.path)
+    tools: list[PythonTool] = []
+    for name in names:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigurationError(
+                f"tool module {name!r} cannot be imported: {type(exc).__name__}: {exc}"
+            ) from None
+        found = [
+            getattr(value, MARK)
+            for value in vars(module).values()
+            if callable(value) and isinstance(getattr(value, MARK, None), Declaration)
+        ]
+        found = [d for d in found if d.module == module.__name__]
+        if not found:
+            raise ConfigurationError(f"tool module {name!r} has no @turnlog.tool function")
+        tools += [PythonTool(d, python_path, output_limit) for d in found]
+    return tools
