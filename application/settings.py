@@ -91,6 +91,18 @@ class Settings(BaseSettings):
         description="Sessions kept in memory per process (0: none); each load still "
         "reads the events stored since, so the cache is never stale.",
     )
+    header_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client has to send a request's headers (408, then closed).",
+    )
+    body_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a client has to send a request's whole body (408, then closed).",
+    )
 
     @field_validator("namespace")
     @classmethod

@@ -59,6 +59,7 @@ def serve(
     configure_logging(settings)
     # The CLI's other commands do not need FastAPI.
     from turnlog.interface.http import create_app
+    from turnlog.interface.http.protocol import timed_protocol
     from turnlog.interface.http.state import Options
 
     options = Options(drain_timeout=drain_timeout)
@@ -71,6 +72,8 @@ def serve(
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         server_header=False,
+        # Slow clients: headers and bodies have deadlines (interface/http/protocol.py).
+        http=timed_protocol(settings.header_timeout, settings.body_timeout),
     )
     server = _Server(config, app.state.turnlog.draining)
     # uvicorn raises a SIGINT it caught again once it has shut down; the stop

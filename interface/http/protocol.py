@@ -1,0 +1,134 @@
+"""uvicorn's h11 protocol with read timeouts for slow clients.
+
+uvicorn closes a keep-alive connection that stays idle after a response
+(``timeout_keep_alive``), but nothing else: a client that opens a
+connection and never finishes its headers, or declares a body and never
+sends it, holds a connection (and a request task waiting in ``receive()``)
+for as long as it likes. A few hundred such clients are a cheap way to take
+a server's sockets and tasks.
+
+So each connection here has two deadlines:
+
+- **headers** (``TURNLOG_HEADER_TIMEOUT``): from the moment a request may
+  begin (the connection opened, or the first byte after a response) to the
+  end of its headers. Missed: ``408 Request Timeout`` if part of a request
+  came, and the connection is closed.
+- **body** (``TURNLOG_BODY_TIMEOUT``): from the end of the headers to the
+  end of the declared body, however it trickles in. Missed: ``408`` if no
+  response was started, the request's handler sees a disconnect, and the
+  connection is closed. Bodies are bounded (1 MiB), so a whole-body deadline
+  refuses no honest client that is not on a very slow link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("turnlog.http")
+
+TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 16\r\n"
+    b"connection: close\r\n\r\n"
+    b"Request Timeout\n"
+)
+
+
+class TimedH11Protocol(H11Protocol):
+    """H11Protocol that closes connections whose headers or body do not arrive in time."""
+
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _body_timer: asyncio.TimerHandle | None = None
+    _received: bool = False  # whether any byte of the pending request came
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiting_for_request():
+            self._received = True
+            self._arm_header_timer()  # after a response, the next request's clock starts
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        cycle = self.cycle
+        super().handle_events()
+        if self.cycle is not cycle:  # a request's headers were complete
+            self._cancel(self._header_timer)
+            self._header_timer = None
+            self._received = False
+            if self.conn.their_state is h11.SEND_BODY:
+                self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
+        if self._body_timer is not None and self.conn.their_state is not h11.SEND_BODY:
+            self._cancel(self._body_timer)
+            self._body_timer = None
+
+    def _waiting_for_request(self) -> bool:
+        return self.cycle is None or (
+            self.cycle.response_complete and self.conn.their_state is not h11.SEND_BODY
+        )
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout, self._headers_timed_out)
+
+    def _headers_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._waiting_for_request():
+            return
+        if self._received:
+            log.info("request headers not received within %.0f s; closing", self.header_timeout)
+            self.transport.write(TIMEOUT_RESPONSE)
+        self._close()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+            return
+        log.info("request body not received within %.0f s; closing", self.body_timeout)
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            cycle.response_started = cycle.response_complete = True
+            self.transport.write(TIMEOUT_RESPONSE)
+        if cycle is not None:
+            cycle.disconnected = True  # the handler's receive() answers http.disconnect
+            cycle.message_event.set()
+        self._close()
+
+    def _close(self) -> None:
+        self._unset_keepalive_if_required()
+        self.transport.close()
+
+    def _cancel_timers(self) -> None:
+        self._cancel(self._header_timer)
+        self._cancel(self._body_timer)
+        self._header_timer = self._body_timer = None
+
+    @staticmethod
+    def _cancel(timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()
+
+
+def timed_protocol(header_timeout: float, body_timeout: float) -> type[TimedH11Protocol]:
+    """The protocol class uvicorn is to use, with these deadlines (seconds)."""
+
+    class Protocol(TimedH11Protocol):
+        pass
+
+    Protocol.header_timeout = header_timeout
+    Protocol.body_timeout = body_timeout
+    return Protocol
