@@ -76,7 +76,10 @@ class Runtime:
         log.info("recovery: %s", verdict.decision, extra=verdict.as_dict())
         if verdict.decision is Decision.INTERRUPT:
             previous = turn.worker_id
-            self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous))
+            by = self.executor.worker_id
+            self.sessions.update(
+                session_id, lambda s: s.interrupt_turn(turn.turn_id, previous, by)
+            )
             self.executor.observer.turn_ended("interrupted")
         elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
             self.executor.run_turn(session_id, turn.turn_id, lease, stop)

@@ -47,6 +47,7 @@ def describe_turn(session: Session, turn: Turn) -> dict[str, Any]:
         "claim": turn.claim,
         "worker_id": turn.worker_id,
         "previous_worker": turn.previous_worker,
+        "interrupted_by": turn.interrupted_by,
         "reason": turn.reason,
         "actor": turn.actor,
         "steps": [

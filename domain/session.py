@@ -466,8 +466,11 @@ class Session(Aggregate):
         # The reason may quote a provider's or a tool's text: keep it storable.
         self.trigger_event(self.TurnFailed, turn_id=turn_id, error=storable_text(error))
 
-    def interrupt_turn(self, turn_id: str, previous_worker: str) -> list[str]:
-        """Record that the owner died inside unsafe tool calls: their outcome is unknown."""
+    def interrupt_turn(self, turn_id: str, previous_worker: str, by: str = "") -> list[str]:
+        """Record that the owner died inside unsafe tool calls: their outcome is unknown.
+
+        ``by`` names the process whose recovery decided it (a worker id).
+        """
         turn = self.turn(turn_id)
         if turn.state is not TurnState.RUNNING:
             raise errors.InvalidTransition(f"turn {turn_id} is {turn.state}, not running")
@@ -477,7 +480,11 @@ class Session(Aggregate):
         if not unsafe:
             raise errors.InvalidTransition(f"turn {turn_id} has no unsafe call in flight")
         self.trigger_event(
-            self.TurnInterrupted, turn_id=turn_id, call_ids=unsafe, previous_worker=previous_worker
+            self.TurnInterrupted,
+            turn_id=turn_id,
+            call_ids=unsafe,
+            previous_worker=previous_worker,
+            interrupted_by=by,
         )
         return unsafe
 
@@ -737,12 +744,14 @@ class Session(Aggregate):
         turn_id: str
         call_ids: list[str]
         previous_worker: str
+        interrupted_by: str = ""  # the recovering process (absent from older events)
 
         def apply(self, aggregate: Any) -> None:
             s = cast(Session, aggregate)
             turn = s.turn(self.turn_id)
             _move(turn, TurnState.INTERRUPTED, self.timestamp)
             turn.previous_worker = self.previous_worker
+            turn.interrupted_by = self.interrupted_by
             turn.worker_id = ""
             turn.unknown_call_ids = list(self.call_ids)
             for call_id in self.call_ids:

@@ -146,6 +146,7 @@ class Turn:
     reason: str = ""
     actor: str = ""
     previous_worker: str = ""
+    interrupted_by: str = ""  # the process whose recovery interrupted it
     unknown_call_ids: list[str] = field(default_factory=list)
     first_version: int = 0  # the session version of its TurnSubmitted (0: not known yet)
 

@@ -29,6 +29,7 @@ from turnlog.projections.rows import Key, Row, as_json
 from turnlog.projections.status import projection_status
 
 MAX_LIMIT = 500
+LAST_TURN_STATES = ("queued", "running", "interrupted", "completed", "failed", "abandoned")
 MAX_CURSOR_CHARS = 512
 WAIT_POLL_SECONDS = 0.02
 
@@ -61,14 +62,27 @@ class ReadModels:
         )
 
     def list_sessions(
-        self, status: str | None = None, limit: int = 50, cursor: str | None = None
+        self,
+        status: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        last_turn_state: str | None = None,
     ) -> Page:
-        """Sessions, newest activity first; ``status``: idle, busy, blocked or closed."""
+        """Sessions, newest activity first; ``status``: idle, busy, blocked or closed;
+        ``last_turn_state``: how (or whether) their last turn ended, e.g. failed."""
         _check_choice("status", status, sessions_view.STATUSES)
+        _check_choice("last_turn_state", last_turn_state, LAST_TURN_STATES)
         limit = _check_limit(limit)
         after = decode_cursor(cursor, "sessions", (int,))
-        rows = self._sessions.list_sessions(status, limit + 1, after[0] if after else None)
+        rows = self._sessions.list_sessions(
+            status, limit + 1, after[0] if after else None, last_turn_state
+        )
         return _page(rows, limit, "sessions", lambda r: (r["last_position"],))
+
+    def search_sessions(self, text: str, limit: int = 50) -> list[dict[str, Any]]:
+        """Sessions whose id starts with ``text`` or whose title contains it, newest first."""
+        text = _check_text("search", text.strip())
+        return [as_json(r) for r in self._sessions.search(text, _check_limit(limit))]
 
     def list_open_turns(
         self, state: str | None = None, limit: int = 50, cursor: str | None = None

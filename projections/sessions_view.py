@@ -12,6 +12,7 @@ from typing import Any
 from eventsourcing.dispatch import singledispatchmethod
 from eventsourcing.persistence import Tracking
 from eventsourcing.projection import Projection
+from psycopg import sql
 
 from turnlog.domain.session import Session
 from turnlog.domain.turns import TurnState
@@ -59,15 +60,35 @@ class PostgresSessionsView(PostgresReadModelView):
 
     table = TABLE
 
-    def list_sessions(self, status: str | None, limit: int, after: int | None) -> list[Row]:
+    def list_sessions(
+        self,
+        status: str | None,
+        limit: int,
+        after: int | None,
+        last_turn_state: str | None = None,
+    ) -> list[Row]:
         """Sessions by latest activity (log position), newest first."""
+        filters = {"status": status} if status else {}
+        if last_turn_state:
+            filters["last_turn_state"] = last_turn_state
         return self.select(
-            {"status": status} if status else {},
+            filters,
             ("last_position",),
             descending=True,
             after=None if after is None else (after,),
             limit=limit,
         )
+
+    def search(self, text: str, limit: int) -> list[Row]:
+        """Sessions whose id starts with ``text`` or whose title contains it, newest first."""
+        pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        statement = sql.SQL(
+            "SELECT {} FROM {} WHERE session_id::text LIKE %s OR title ILIKE %s"
+            " ORDER BY last_position DESC LIMIT %s"
+        ).format(self._column_list, self._qualified)
+        params = (pattern.lower() + "%", "%" + pattern + "%", limit)
+        with self.datastore.get_connection() as conn:
+            return [dict(r) for r in conn.execute(statement, params).fetchall()]
 
 
 class SessionsProjection(Projection[ReadModelView]):

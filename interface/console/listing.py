@@ -2,9 +2,10 @@
 
 "Needs attention" lists every blocked session first (an interrupted turn
 waits for an operator), then every busy one (a turn in flight, which may be
-stuck), each newest activity first. Its cursor says which of the two lists
-it is in: ``blocked~<cursor>`` or ``busy~<cursor>``, the inner cursor being
-the read model's own.
+stuck), then every idle one whose last turn failed, each newest activity
+first; each row says which group it is in (``attention``). Its cursor says
+which of the lists it is in: ``blocked~<cursor>``, ``busy~<cursor>`` or
+``failed~<cursor>``, the inner cursor being the read model's own.
 """
 
 from __future__ import annotations
@@ -14,14 +15,24 @@ from typing import Any
 from turnlog.interface.problems import InvalidRequest
 from turnlog.projections import ReadModels
 
-ATTENTION = ("blocked", "busy")
+# (group, session status, last turn's state): the lists of "needs attention", in order.
+GROUPS = (("blocked", "blocked", None), ("busy", "busy", None), ("failed", "idle", "failed"))
+ATTENTION = tuple(name for name, _, _ in GROUPS)
 FILTERS = ("idle", "busy", "blocked", "closed", "attention")
 
 Page = tuple[list[dict[str, Any]], str | None]
 
 
-def sessions_page(read_models: ReadModels, show: str, limit: int, cursor: str | None) -> Page:
-    """One page of sessions; ``show`` is a status, ``attention`` or '' for all."""
+def sessions_page(
+    read_models: ReadModels, show: str, limit: int, cursor: str | None, search: str = ""
+) -> Page:
+    """One page of sessions; ``show`` is a status, ``attention`` or '' for all.
+
+    ``search`` (an id prefix, or words of a title) lists the matching sessions
+    instead, newest activity first, on one page.
+    """
+    if search.strip():
+        return read_models.search_sessions(search, limit), None
     if show == "attention":
         return attention_page(read_models, limit, cursor)
     return read_models.list_sessions(show or None, limit, cursor)
@@ -32,8 +43,9 @@ def attention_page(read_models: ReadModels, limit: int, cursor: str | None) -> P
     phase, inner = _decode(cursor)
     rows: list[dict[str, Any]] = []
     while phase < len(ATTENTION):
-        got, following = read_models.list_sessions(ATTENTION[phase], limit - len(rows), inner)
-        rows += got
+        name, status, last_turn = GROUPS[phase]
+        got, following = read_models.list_sessions(status, limit - len(rows), inner, last_turn)
+        rows += [{**row, "attention": name} for row in got]
         if following:
             return rows, f"{ATTENTION[phase]}~{following}"
         phase, inner = phase + 1, None
@@ -46,7 +58,10 @@ def attention_page(read_models: ReadModels, limit: int, cursor: str | None) -> P
 
 def _any_from(read_models: ReadModels, phase: int) -> bool:
     """Whether a later list has any row: a "next page" must never be empty."""
-    return any(read_models.list_sessions(status, 1)[0] for status in ATTENTION[phase:])
+    return any(
+        read_models.list_sessions(status, 1, None, last_turn)[0]
+        for _, status, last_turn in GROUPS[phase:]
+    )
 
 
 def _decode(cursor: str | None) -> tuple[int, str | None]:

@@ -97,15 +97,17 @@ async def sessions_fragment(
     show: Literal["idle", "busy", "blocked", "closed", "attention", ""] = "",
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
     cursor: Annotated[str | None, Query(max_length=600)] = None,
+    q: Annotated[str, Query(max_length=200)] = "",
 ) -> HTMLResponse:
-    """A page of the sessions table."""
-    rows, following = await run_in_threadpool(sessions_page, read_models, show, limit, cursor)
+    """A page of the sessions table; ``q`` searches by id prefix or title instead."""
+    rows, following = await run_in_threadpool(sessions_page, read_models, show, limit, cursor, q)
     return _render(
         request,
         "fragments/sessions.html",
         rows=rows,
         next_cursor=following,
         show=show,
+        search=q.strip(),
         now=datetime.now(UTC),
     )
 

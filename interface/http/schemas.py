@@ -324,6 +324,12 @@ class ReadyOut(BaseModel):
     status: Literal["ready"]
     role: str
     checks: dict[str, bool]
+    horizon: dict[str, Any] | None = Field(
+        default=None,
+        description="The commit horizon readers of the log wait behind: age_seconds of the"
+        " oldest running transaction in the cluster, its server pid, database and"
+        " application_name (pid null: none holds readers back).",
+    )
 
 
 class ProblemOut(BaseModel):

@@ -266,3 +266,60 @@ def test_the_summaries_need_the_token_when_one_is_set(guarded: TestClient) -> No
     for path in ("/v1/open-turns/summary", "/v1/tool-calls/activity"):
         problem(guarded.get(path), 401, "unauthorized")
         assert guarded.get(path, headers=AUTH).status_code == 200
+
+
+def test_needs_attention_also_lists_sessions_whose_last_turn_failed_after_the_busy_ones(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    failed = new_session(reads, title="failed one")
+    reads.post(f"/v1/sessions/{failed}/turns", json={"message": "/tool no_such_tool {}"})
+    run_queued_turn(runtime, failed)
+    busy = new_session(reads, title="busy one")
+    reads.post(f"/v1/sessions/{busy}/turns", json={"message": "hello"})
+    fine = new_session(reads, title="fine one")
+    reads.post(f"/v1/sessions/{fine}/turns", json={"message": "hello"})
+    run_queued_turn(runtime, fine)
+    position = reads.post("/v1/sessions", json={"title": "last"}).json()["position"]
+    reads.get(f"/v1/sessions?min_position={position}")
+
+    page = reads.get("/console/fragments/sessions?show=attention").text
+    seen = re.findall(r'href="/console/sessions/([0-9a-f-]{36})"', page)
+    assert seen == [busy, failed]  # the completed and empty sessions need nothing
+    assert page.index("Busy — ") < page.index("Failed — the last turn failed") < page.index(failed)
+
+
+def test_the_search_box_finds_sessions_by_id_prefix_or_title(reads: TestClient) -> None:
+    payroll = new_session(reads, title="Quarterly PAYROLL run")
+    other = new_session(reads, title="100% done_here")
+    position = reads.post("/v1/sessions", json={"title": "unrelated"}).json()["position"]
+    reads.get(f"/v1/sessions?min_position={position}")
+
+    def found(q: str) -> list[str]:
+        page = reads.get("/console/fragments/sessions", params={"q": q})
+        assert page.status_code == 200, page.text
+        return re.findall(r'href="/console/sessions/([0-9a-f-]{36})"', page.text)
+
+    assert found("payroll") == [payroll]  # any case, any part of the title
+    assert found(payroll[:8]) == [payroll]  # an id prefix
+    assert found(payroll[:8].upper()) == [payroll]
+    assert found("100%") == [other] and found("%") == [other]  # % is text, not a wildcard
+    assert found("e_h") == [other]
+    assert found("nothing like it") == []
+    empty = reads.get("/console/fragments/sessions?q=zzz").text
+    assert "id starts with, or title contains" in empty
+    shell = reads.get("/console").text
+    assert 'id="q"' in shell and 'type="search"' in shell
+
+
+def test_an_interrupted_turn_shows_when_and_by_which_recovery(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads, title="interrupted")
+    interrupt_a_turn(runtime, sid)
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+
+    note = html.split('class="interrupted-note"', 1)[1].split("</p>", 1)[0]
+    assert "Interrupted <time datetime=" in note
+    assert f'by the recovery of <code class="id">{runtime.executor.worker_id}</code>' in note
+    assert "gone:1:dead" in note  # the owner that died

@@ -133,3 +133,23 @@ def test_sessions_are_paged_forwards_and_back(
 
 def _links(page: Page) -> list[str]:
     return [str(a.get_attribute("href")) for a in page.locator("table.sessions tbody th a").all()]
+
+
+def test_the_search_box_finds_a_session_by_title_or_id_prefix(
+    page: Page, listed: tuple[Server, dict[str, str]]
+) -> None:
+    server, ids = listed
+    page.goto(f"{server.url}/console")
+    rows = page.locator("table.sessions tbody tr:not(.group)")
+    expect(rows).to_have_count(8)
+
+    page.get_by_label("Search").fill("refund")
+    page.get_by_role("button", name="Apply").press("Enter")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("Refund request #4411")
+    assert "q=refund" in page.url  # the search is in the address, to share
+
+    page.get_by_label("Search").fill(ids["Weekly metrics digest"][:8])
+    page.get_by_role("button", name="Apply").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("Weekly metrics digest")

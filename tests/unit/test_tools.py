@@ -161,7 +161,7 @@ def test_sleep_of_zero_seconds_returns_at_once(context: ToolContext) -> None:
 @pytest.mark.parametrize("seconds", [-0.001, MAX_SLEEP_SECONDS + 1, float("inf"), float("nan")])
 def test_sleep_refuses_seconds_outside_its_bounds(seconds: float, context: ToolContext) -> None:
     # By its schema (minimum, maximum), or, for NaN, which compares with nothing, by the tool.
-    with pytest.raises(ToolError, match="between 0 and 300|the (minimum|maximum) of"):
+    with pytest.raises(ToolError, match=r"between 0 and 300|the (minimum|maximum) of"):
         run("sleep", {"seconds": seconds}, context)
 
 

@@ -156,14 +156,17 @@
   function sessionsPage() {
     const container = $("#data");
     const show = $("#show");
+    const search = $("#q");
     const params = new URLSearchParams(window.location.search);
     show.value = params.get("show") || "";
+    search.value = params.get("q") || "";
     const limit = params.get("limit"); // page size, for a bookmark (and the tests)
     let cursors = [""]; // the cursor of every page visited, for "Previous"
 
     async function refresh(tell = true) {
       const query = new URLSearchParams();
       if (show.value) query.set("show", show.value);
+      if (search.value.trim()) query.set("q", search.value.trim());
       if (limit) query.set("limit", limit);
       const cursor = cursors[cursors.length - 1];
       if (cursor) query.set("cursor", cursor);
@@ -183,6 +186,8 @@
       const url = new URL(window.location.href);
       if (show.value) url.searchParams.set("show", show.value);
       else url.searchParams.delete("show");
+      if (search.value.trim()) url.searchParams.set("q", search.value.trim());
+      else url.searchParams.delete("q");
       window.history.replaceState(null, "", url);
       refresh();
     });
