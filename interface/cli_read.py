@@ -43,6 +43,7 @@ from turnlog.interface.terminal import (
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections import audit as audits
 from turnlog.projections.rebuild import rebuild, verify
+from turnlog.projections.status import describe_horizon
 
 T = TypeVar("T")
 log = logging.getLogger("turnlog.projections")
@@ -150,6 +151,8 @@ def projections_status(
             r["name"], str(r["position"]), str(r["head"]), str(r["lag_events"]), lag_s, runner
         )
     print_table(table)
+    if rows:
+        typer.echo(describe_horizon(rows[0]))
 
 
 class _RateColumn(ProgressColumn):

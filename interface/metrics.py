@@ -244,7 +244,21 @@ def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
     for row in rows:
         events.add_metric([str(row["name"])], float(row.get("lag_events") or 0))
         seconds.add_metric([str(row["name"])], float(row.get("lag_seconds") or 0))
-    return [events, seconds]
+    # The commit horizon (application/logorder.py): readers of the log wait for
+    # the oldest transaction still running in the cluster; how long it has run
+    # and its server pid (0 when none holds it back).
+    horizon_age = GaugeMetricFamily(
+        "turnlog_log_horizon_age_seconds",
+        "Age of the oldest running transaction, which readers of the log wait behind.",
+    )
+    holder = GaugeMetricFamily(
+        "turnlog_log_horizon_holder_pid",
+        "Server pid of the oldest running transaction (0 when none).",
+    )
+    if rows:
+        horizon_age.add_metric([], float(rows[0].get("horizon_age_seconds") or 0))
+        holder.add_metric([], float(rows[0].get("horizon_pid") or 0))
+    return [events, seconds, horizon_age, holder]
 
 
 def register_process_metrics(registry: CollectorRegistry, parts: Parts) -> ExecutionMetrics:

@@ -111,3 +111,14 @@ def _first_past(events: EventLog, place: Place) -> list[tuple[Place, Any]]:
         state=bytes(row["state"]),
     )
     return [(Place(int(row["xact"]), notification.id), notification)]
+
+
+def describe_horizon(row: dict[str, Any]) -> str:
+    """One line on the commit horizon, from a status row (what readers of the log wait for)."""
+    age = float(row.get("horizon_age_seconds") or 0.0)
+    pid = row.get("horizon_pid")
+    if pid is None and age == 0.0:
+        return "commit horizon: no transaction is holding readers back"
+    who = f"server pid {pid}" if pid is not None else "a prepared transaction"
+    waiting = "; committed events wait behind it" if row.get("horizon_waiting") else ""
+    return f"commit horizon: held by {who}, its transaction running for {age:.1f}s{waiting}"

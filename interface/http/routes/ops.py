@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -26,10 +28,23 @@ def readyz(state: StateDep) -> ReadyOut:
     checks = state.parts.checks()
     checks["database"] = _database_answers(state)
     checks["accepting"] = not state.draining.is_set()
+    horizon = _horizon(state) if checks["database"] else None
     if not all(checks.values()):
         failing = ", ".join(k for k, ok in checks.items() if not ok)
-        raise NotReady(f"not ready: {failing}", checks=checks)
-    return ReadyOut(status="ready", role=str(state.parts.role), checks=checks)
+        raise NotReady(f"not ready: {failing}", checks=checks, horizon=horizon)
+    return ReadyOut(status="ready", role=str(state.parts.role), checks=checks, horizon=horizon)
+
+
+def _horizon(state: StateDep) -> dict[str, Any] | None:
+    """The commit horizon's age and holder (detail only: a held horizon delays, it is not down)."""
+    read_models = state.parts.read_models
+    if read_models is None:
+        return None
+    try:
+        found = read_models.events.horizon()
+    except Exception:
+        return None
+    return {k: found[k] for k in ("age_seconds", "pid", "database", "application_name")}
 
 
 def _database_answers(state: StateDep) -> bool:
