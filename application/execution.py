@@ -149,6 +149,9 @@ class Executor:
         raise AssertionError(f"unhandled action {action}")
 
     def _call_model(self, session: Session, turn_id: str, claim: int) -> Session:
+        session = self._compact_context(session, turn_id, claim)
+        if not session.turn_state(turn_id).is_open:
+            return session  # summarising failed: the turn failed with the reason
         request = self.sessions.request_for(session)
         started = time.monotonic()
         try:
@@ -173,6 +176,37 @@ class Executor:
             elif not reply.tool_calls:
                 s.complete_turn(turn_id, claim, reply.text)
 
+        return self._write(session, claim, record)
+
+    def _compact_context(self, session: Session, turn_id: str, claim: int) -> Session:
+        """Record the context summary the next request needs first (DESIGN: docs/long-sessions.md).
+
+        The summary is saved before the request is built: a process that dies
+        after it resumes with the same summary instead of making another. A
+        provider that cannot summarise fails the turn with the reason; nothing
+        else is written.
+        """
+        planned = self.sessions.compaction_for(session)
+        if planned is None:
+            return session
+        request, turns = planned
+        started = time.monotonic()
+        try:
+            reply = self.providers.get(session.provider).complete(request)
+        except ProviderError as exc:
+            self.observer.model_called(session.provider, "error", time.monotonic() - started)
+            reason = f"context compaction failed: provider error: {exc}"
+            return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+        self.observer.model_called(session.provider, "replied", time.monotonic() - started)
+        produced_by = {"provider": session.provider, "model": session.model, "usage": reply.usage}
+
+        def record(s: Session) -> None:
+            try:
+                s.compact_context(turn_id, claim, reply.text, turns, produced_by)
+            except (domain_errors.InvalidSummary, domain_errors.InvalidInput) as exc:
+                s.fail_turn(turn_id, claim, f"context compaction failed: {exc.detail}")
+
+        log.info("context compacted: a summary now covers %d turn(s)", turns)
         return self._write(session, claim, record)
 
     def _reply_problem(self, session: Session, reply: ModelReply) -> str:

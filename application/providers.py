@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from turnlog.domain.request import Message, ModelRequest
+from turnlog.domain.compaction import is_summarizing
+from turnlog.domain.request import SUMMARY_NAME, Message, ModelRequest
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class FixtureProvider:
         messages = request.messages
         last = messages[-1] if messages else Message("user", "")
         usage = {"input_messages": len(messages)}
+        if is_summarizing(request):
+            return ModelReply(_summary(messages), usage=usage)
         if last.role == "tool":
             return ModelReply(f"Tool {last.name} returned: {last.content}", usage=usage)
         text = last.content
@@ -65,7 +68,7 @@ class FixtureProvider:
             text = slow.group(2)
         command = TOOL_COMMAND.match(text.strip())
         if command:
-            return _tool_reply(command.group(1), command.group(2), messages, usage)
+            return _tool_reply(command.group(1), command.group(2), request, usage)
         if CODEWORD_QUESTION.match(text):
             word = _recall_codeword(messages[:-1])
             reply = f"The codeword is {word}." if word else "I do not know the codeword."
@@ -77,16 +80,38 @@ class FixtureProvider:
 
 def _recall_codeword(messages: Sequence[Message]) -> str:
     for message in reversed(messages):
-        if message.role != "user":
-            continue
-        found = CODEWORD_STATEMENT.search(message.content)
-        if found:
-            return found.group(1).strip(".,;:!?\"'")
+        if message.role == "user":
+            found = CODEWORD_STATEMENT.search(message.content)
+            if found:
+                return _word(found.group(1))
+        elif message.name == SUMMARY_NAME:
+            # A context summary carries the facts of the turns it replaced, in order.
+            words = CODEWORD_STATEMENT.findall(message.content)
+            if words:
+                return _word(words[-1])
     return ""
 
 
+def _word(text: str) -> str:
+    return text.strip(".,;:!?\"'")
+
+
+def _summary(messages: Sequence[Message]) -> str:
+    """A deterministic summary: every codeword fact of the request, the latest last."""
+    words: list[str] = []
+    for message in messages:
+        if message.role == "user" or message.name == SUMMARY_NAME:
+            for word in CODEWORD_STATEMENT.findall(message.content):
+                if _word(word) in words:
+                    words.remove(_word(word))
+                words.append(_word(word))
+    users = sum(1 for m in messages[1:-1] if m.role == "user")
+    facts = " ".join(f"The codeword is {w}." for w in words)
+    return f"Summarised {users} more user message(s). {facts or 'No codeword was given.'}"
+
+
 def _tool_reply(
-    name: str, raw_arguments: str, messages: Sequence[Message], usage: dict[str, Any]
+    name: str, raw_arguments: str, request: ModelRequest, usage: dict[str, Any]
 ) -> ModelReply:
     try:
         arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
@@ -94,13 +119,25 @@ def _tool_reply(
         return ModelReply(f"Invalid tool arguments: {exc.msg}", usage=usage)
     if not isinstance(arguments, dict):
         return ModelReply("Invalid tool arguments: expected a JSON object", usage=usage)
-    # The call id is a function of the request, unique within the session
-    # because every later request is longer.
-    digest = hashlib.sha256(
-        json.dumps([len(messages), messages[-1].content], ensure_ascii=False).encode()
-    ).hexdigest()[:12]
-    call = {"call_id": f"call_{len(messages)}_{digest}", "name": name, "arguments": arguments}
+    messages = request.messages
+    if request.turn:
+        # Unique within the session: the turn's number, then the request's
+        # whole content (within a turn, each step's request is longer). The
+        # length alone is not enough once a context policy keeps requests short.
+        content = [[m.role, m.content, m.tool_call_id, list(m.tool_calls)] for m in messages]
+        digest = _digest(content)
+        call_id = f"call_{request.turn}_{len(messages)}_{digest}"
+    else:
+        # Without the turn's number (a request built by hand): as before, unique
+        # while every later request of the session is longer.
+        call_id = f"call_{len(messages)}_{_digest([len(messages), messages[-1].content])}"
+    call = {"call_id": call_id, "name": name, "arguments": arguments}
     return ModelReply("", tool_calls=(call,), usage=usage)
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 class ProviderRegistry:

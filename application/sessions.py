@@ -20,6 +20,7 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 from psycopg import sql
 
 from turnlog.application.errors import ConcurrentModification, SessionNotFound
+from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import Session, replay_turns, retaining
 from turnlog.domain.turns import CallState, Step, ToolCall, Turn, TurnState
@@ -194,10 +195,30 @@ class Sessions(Application[UUID]):
             return earlier
 
     def window(self, session: Session) -> tuple[int, int]:
-        """The version range of the finished turns the next request carries."""
-        if not session.finished:
+        """The version range of the finished turns the next request carries.
+
+        Every finished turn after the latest context summary (all of them
+        without one): an index into the summary of finished turns, so its
+        cost does not depend on the session's length.
+        """
+        covered = session.compacted_turns
+        if len(session.finished) <= covered:
             return 1, 0
-        return session.finished[0][2], session.finished[-1][3]
+        return session.finished[covered][2], session.finished[-1][3]
+
+    def compaction_for(self, session: Session) -> tuple[ModelRequest, int] | None:
+        """The summarising request the next request needs first, and the turns it covers.
+
+        None when the session's context policy (if any) holds without one.
+        """
+        if ContextPolicy.of(session) is None:
+            return None
+        first, last = self.window(session)
+        earlier = self._earlier(session.id, first, last)
+        cover = turns_to_cover(session, earlier)
+        if not cover:
+            return None
+        return summarizing_request(session, earlier, cover), session.compacted_turns + cover
 
     def _fill_ranges(self, session: Session) -> None:
         """Give turns upcast from a version-1 snapshot their version ranges, from the stream."""

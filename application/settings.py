@@ -58,6 +58,18 @@ class Settings(BaseSettings):
     snapshot_interval: int = Field(
         default=100, ge=2, description="Take a snapshot every N events of a session."
     )
+    context_max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        description="Context policy of new sessions that set none: at most this many turns"
+        " after the latest summary in a request (unset: no limit).",
+    )
+    context_max_chars: int | None = Field(
+        default=None,
+        ge=1000,
+        description="Context policy of new sessions that set none: a request longer than this"
+        " many characters first has its oldest turns summarised (unset: no limit).",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log lines: `text`, or `json` (one object per line)."
     )

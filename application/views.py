@@ -73,5 +73,22 @@ def describe_session(session: Session) -> dict[str, Any]:
         "last_activity_at": _iso(session.modified_on),
         "version": session.version,
         "closed": session.closed,
+        "context": {
+            "max_turns": session.context_max_turns or None,
+            "max_chars": session.context_max_chars or None,
+        },
+        "compaction": describe_compaction(session.compaction),
         "turns": [describe_turn(session, t) for t in session.turns],
+    }
+
+
+def describe_compaction(compaction: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The latest context summary: its text, how many turns it covers, where it is."""
+    if not compaction:
+        return None
+    return {
+        "summary": compaction["summary"],
+        "turns": compaction["turns"],
+        "last_turn_id": compaction["last_turn_id"],
+        "version": compaction["version"],
     }

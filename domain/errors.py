@@ -6,7 +6,9 @@ exit code. The tree::
     DomainError
     ├── InvalidInput                 (422) the command's own input is malformed
     │   ├── InvalidMessage
-    │   └── InvalidOperatorAction
+    │   ├── InvalidOperatorAction
+    │   ├── InvalidContextPolicy
+    │   └── InvalidSummary
     ├── NotFound                     (404)
     │   ├── TurnNotFound
     │   └── ToolCallNotFound
@@ -53,6 +55,18 @@ class InvalidOperatorAction(InvalidInput):
     """An operator action lacks its actor or reason, or names a bad outcome."""
 
     code = "invalid_operator_action"
+
+
+class InvalidContextPolicy(InvalidInput):
+    """A session's context-window policy is out of range (max_turns < 1, max_chars < 1000)."""
+
+    code = "invalid_context_policy"
+
+
+class InvalidSummary(InvalidInput):
+    """A context summary is empty or larger than the message size limit."""
+
+    code = "invalid_summary"
 
 
 class NotFound(DomainError):

@@ -41,6 +41,8 @@ class ModelRequest:
     tools: tuple[str, ...] = field(default_factory=tuple)
     # True: exactly ``tools`` (none when empty); False: an empty ``tools`` means every tool.
     tools_chosen: bool = False
+    # The session's number of the turn the request is for (1: its first; 0: not said).
+    turn: int = 0
 
 
 def tool_result_text(call: ToolCall) -> str:
@@ -69,6 +71,10 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
     messages: list[Message] = []
     if session.system_prompt:
         messages.append(Message("system", session.system_prompt))
+    if session.compaction:
+        # The latest context summary stands for every turn it covers; the
+        # turns after it follow in full (``earlier`` holds only those).
+        messages.append(summary_message(session.compaction))
     if earlier is not None:
         for turn in earlier.turns:
             if not turn.state.is_open:
@@ -81,7 +87,30 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         messages=tuple(messages),
         tools=tuple(session.tools),
         tools_chosen=session.tools_chosen,
+        turn=session.turn_count,
     )
+
+
+SUMMARY_NAME = "summary"
+
+
+def summary_message(compaction: dict[str, Any]) -> Message:
+    """The message that carries a context summary into a request."""
+    turns = compaction["turns"]
+    noun = "turn" if turns == 1 else "turns"
+    return Message(
+        "system",
+        f"Summary of the conversation's first {turns} {noun}:\n{compaction['summary']}",
+        name=SUMMARY_NAME,
+    )
+
+
+def message_chars(message: Message) -> int:
+    """What a message adds to a request's size, in characters (content and tool calls)."""
+    size = len(message.content)
+    for call in message.tool_calls:
+        size += len(call.get("name", "")) + len(_as_json(call.get("arguments")))
+    return size
 
 
 # Finished turns never change again (no event touches a completed, failed or
@@ -89,6 +118,11 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
 # their messages are rendered once per turn object and remembered for as long
 # as the object lives. Open turns are rendered every time.
 _rendered: dict[int, tuple[weakref.ref[Turn], tuple[Message, ...]]] = {}
+
+
+def turn_messages(session: Session, turn: Turn) -> tuple[Message, ...]:
+    """The messages one turn of ``session`` contributes to a request."""
+    return _turn_messages(session, turn)
 
 
 def _turn_messages(session: Session, turn: Turn) -> tuple[Message, ...]:

@@ -37,6 +37,7 @@ from turnlog.domain.turns import (
 from turnlog.domain.values import check_storable, storable_text
 
 RESOLVE_OUTCOMES = ("succeeded", "failed")
+MIN_CONTEXT_CHARS = 1000  # the smallest context_max_chars a session may set
 
 
 class Session(Aggregate):
@@ -79,9 +80,18 @@ class Session(Aggregate):
         # Sessions stored before the choice was recorded load as False, where an
         # empty list meant every tool of the process.
         tools_chosen: bool = False
+        # The context-window policy of the session's requests (0: no limit).
+        # Sessions stored before the policy existed load with none.
+        context_max_turns: int = 0
+        context_max_chars: int = 0
 
     # Also the value of a session restored from a snapshot taken before the field.
     tools_chosen = False
+    # Likewise the context policy, and the latest compaction (None: none yet):
+    # {"summary", "turns", "last_turn_id", "through_version", "version"}.
+    context_max_turns = 0
+    context_max_chars = 0
+    compaction: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -93,6 +103,8 @@ class Session(Aggregate):
         metadata: dict[str, Any],
         created_by: str,
         tools_chosen: bool = False,
+        context_max_turns: int = 0,
+        context_max_chars: int = 0,
     ) -> None:
         self.title = title
         self.system_prompt = system_prompt
@@ -100,6 +112,8 @@ class Session(Aggregate):
         self.model = model
         self.tools = list(tools)
         self.tools_chosen = tools_chosen
+        self.context_max_turns = context_max_turns
+        self.context_max_chars = context_max_chars
         self.metadata = dict(metadata)
         self.created_by = created_by
         self.closed = False
@@ -151,14 +165,19 @@ class Session(Aggregate):
         created_by: str = "",
         session_id: UUID | None = None,
         tools_chosen: bool = False,
+        context_max_turns: int | None = None,
+        context_max_chars: int | None = None,
     ) -> Session:
         """Start a new session.
 
         ``tools_chosen``: ``tools`` is the exact choice (empty: no tools);
         otherwise an empty ``tools`` offers every tool of the process.
+        ``context_max_turns`` / ``context_max_chars``: the context-window
+        policy of its requests (None: no limit; see ``domain.compaction``).
         """
         fields = (title, system_prompt, provider, model, list(tools), metadata, created_by)
         check_storable(fields, "the session's settings")
+        check_context_policy(context_max_turns, context_max_chars)
         return cls._create(
             cls.SessionStarted,
             id=session_id or uuid4(),
@@ -170,6 +189,8 @@ class Session(Aggregate):
             metadata=dict(metadata or {}),
             created_by=created_by,
             tools_chosen=tools_chosen,
+            context_max_turns=context_max_turns or 0,
+            context_max_chars=context_max_chars or 0,
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
@@ -226,6 +247,11 @@ class Session(Aggregate):
 
     def finished_turns(self) -> list[FinishedTurn]:
         return [FinishedTurn.from_entry(e) for e in self.finished]
+
+    @property
+    def compacted_turns(self) -> int:
+        """How many turns, from the first, the latest context summary covers (0: none)."""
+        return int(self.compaction["turns"]) if self.compaction else 0
 
     def finished_turn(self, turn_id: str) -> FinishedTurn | None:
         for entry in reversed(self.finished):
@@ -529,6 +555,40 @@ class Session(Aggregate):
         )
         return unknown
 
+    def compact_context(
+        self, turn_id: str, claim: int, summary: str, turns: int, produced_by: dict[str, Any]
+    ) -> None:
+        """Record a summary of the session's first ``turns`` turns, before the next request.
+
+        Only finished turns are summarised, whole, so a tool call is never
+        separated from its result; and never while a call of the running turn
+        is unanswered, so no call the model made is dropped.
+        """
+        turn = self._claimed(turn_id, claim)
+        if any(not c.settled for c in self.calls_of(turn)):
+            raise errors.InvalidTransition(
+                "the context cannot be compacted while a tool call of the turn is unanswered"
+            )
+        if not self.compacted_turns < turns <= len(self.finished):
+            raise errors.InvalidTransition(
+                f"a summary must cover more finished turns than the last one "
+                f"({self.compacted_turns}) and at most {len(self.finished)}, not {turns}"
+            )
+        check_summary(summary)
+        check_storable(produced_by, "who produced the summary")
+        first, last = self.finished[0], self.finished[turns - 1]
+        self.trigger_event(
+            self.ContextCompacted,
+            turn_id=turn_id,
+            summary=summary,
+            turns=turns,
+            first_turn_id=str(first[0]),
+            last_turn_id=str(last[0]),
+            through_version=int(last[3]),
+            replaces=int(self.compaction["version"]) if self.compaction else 0,
+            produced_by=dict(produced_by),
+        )
+
     def close(self, reason: str, actor: str) -> None:
         """Close the session: it takes no more turns."""
         self._require_open()
@@ -806,6 +866,38 @@ class Session(Aggregate):
                     call.finished_at = self.timestamp
             _finish(s, turn, self.originator_version)
 
+    class ContextCompacted(Event):
+        """A summary of the session's first ``turns`` turns now stands for them in requests.
+
+        The turns it covers stay in the stream; ``replaces`` is the version of
+        the summary it supersedes (0: the first), ``produced_by`` the provider
+        and model that wrote it, with their usage.
+        """
+
+        TOPIC = "turnlog.session.ContextCompacted.v1"
+        turn_id: str
+        summary: str
+        turns: int
+        first_turn_id: str
+        last_turn_id: str
+        through_version: int
+        replaces: int
+        produced_by: dict[str, Any]
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            s.compaction = {
+                "summary": self.summary,
+                "turns": self.turns,
+                "last_turn_id": self.last_turn_id,
+                "through_version": self.through_version,
+                "version": self.originator_version,
+            }
+            if s.retains_finished:
+                s.__dict__.setdefault("compactions", []).append(
+                    {**s.compaction, "turn_id": self.turn_id, "produced_by": self.produced_by}
+                )
+
     class SessionClosed(Event):
         TOPIC = "turnlog.session.SessionClosed.v1"
         reason: str
@@ -881,6 +973,31 @@ def check_message(message: str) -> None:
     if size > MAX_MESSAGE_BYTES:
         raise errors.InvalidMessage(
             f"message is {size} bytes; the limit is {MAX_MESSAGE_BYTES} bytes"
+        )
+
+
+def check_summary(summary: str) -> None:
+    """Refuse an empty context summary or one over the message size limit."""
+    if not isinstance(summary, str) or not summary.strip():
+        raise errors.InvalidSummary("the context summary is empty")
+    size = len(summary.encode("utf-8", "surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        raise errors.InvalidSummary(
+            f"the context summary is {size} bytes; the limit is {MAX_MESSAGE_BYTES} bytes"
+        )
+    check_storable(summary, "the context summary")
+
+
+def check_context_policy(max_turns: int | None, max_chars: int | None) -> None:
+    """Refuse a context-window policy that cannot work (None: that limit is not set)."""
+    if max_turns is not None and (not _is_count(max_turns) or max_turns < 1):
+        raise errors.InvalidContextPolicy(
+            f"context max_turns must be a whole number of at least 1, not {max_turns!r}"
+        )
+    if max_chars is not None and (not _is_count(max_chars) or max_chars < MIN_CONTEXT_CHARS):
+        raise errors.InvalidContextPolicy(
+            f"context max_chars must be a whole number of at least {MIN_CONTEXT_CHARS},"
+            f" not {max_chars!r}"
         )
 
 

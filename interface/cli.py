@@ -170,6 +170,23 @@ def sessions_new(
             "tools (echo, sleep, append_file) for a real one."
         ),
     ] = None,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(
+            "--context-max-turns",
+            help="Context policy: at most this many turns after the latest summary in a"
+            " request (default: TURNLOG_CONTEXT_MAX_TURNS; at least 1).",
+        ),
+    ] = None,
+    max_chars: Annotated[
+        int | None,
+        typer.Option(
+            "--context-max-chars",
+            help="Context policy: summarise the oldest turns first when a request would be"
+            " longer than this many characters (default: TURNLOG_CONTEXT_MAX_CHARS; at least"
+            " 1000).",
+        ),
+    ] = None,
 ) -> None:
     """Create a session and print its id."""
 
@@ -191,6 +208,8 @@ def sessions_new(
             tools=chosen,
             tools_chosen=True,
             created_by=default_actor(),
+            context_max_turns=rt.settings.context_max_turns if max_turns is None else max_turns,
+            context_max_chars=rt.settings.context_max_chars if max_chars is None else max_chars,
         )
         out.print(str(written.session_id))
 

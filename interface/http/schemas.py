@@ -47,6 +47,25 @@ class CreateSessionRequest(Strict):
         default_factory=dict, description="Free-form; keys starting with 'turnlog.' are reserved."
     )
     created_by: str = Field("", max_length=200, description="Who asked for the session.")
+    context: ContextPolicyIn | None = Field(
+        None,
+        description="Context-window policy: when a request would exceed it, the oldest turns"
+        " are summarised first. Omitted: the server's default (TURNLOG_CONTEXT_MAX_*).",
+    )
+
+
+class ContextPolicyIn(Strict):
+    """A session's context-window policy; a limit left out or null is not set."""
+
+    max_turns: int | None = Field(
+        None, ge=1, description="At most this many turns after the latest summary in a request."
+    )
+    max_chars: int | None = Field(
+        None,
+        ge=1000,
+        description="A request longer than this many characters first has its oldest turns"
+        " summarised.",
+    )
 
 
 class SubmitTurnRequest(Strict):
@@ -131,6 +150,22 @@ class TurnOut(BaseModel):
     unknown_call_ids: list[str]
 
 
+class ContextPolicyOut(BaseModel):
+    """A session's context-window policy (null: that limit is not set)."""
+
+    max_turns: int | None
+    max_chars: int | None
+
+
+class CompactionOut(BaseModel):
+    """The latest context summary: it stands for the session's first ``turns`` turns."""
+
+    summary: str
+    turns: int
+    last_turn_id: str
+    version: int = Field(description="Version of its ContextCompacted event.")
+
+
 class SessionOut(BaseModel):
     """A session rebuilt from its events."""
 
@@ -146,6 +181,8 @@ class SessionOut(BaseModel):
     last_activity_at: datetime | None
     version: int
     closed: bool
+    context: ContextPolicyOut
+    compaction: CompactionOut | None
     turns: list[TurnOut]
 
 

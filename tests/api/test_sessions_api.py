@@ -137,3 +137,28 @@ def test_a_session_with_an_open_turn_cannot_be_closed(api: TestClient) -> None:
         "turn_in_progress",
     )
     problem(api.post(f"/v1/sessions/{sid}/close", json={"reason": "x"}), 422, "validation_error")
+
+
+def test_a_session_is_created_with_its_context_policy_or_the_servers_default(
+    api: TestClient, runtime: Runtime
+) -> None:
+    chosen = api.post("/v1/sessions", json={"context": {"max_turns": 20, "max_chars": 50000}})
+    runtime.settings.context_max_turns = 8
+    default = api.post("/v1/sessions", json={})
+    none = api.post("/v1/sessions", json={"context": {}})
+
+    assert chosen.json()["context"] == {"max_turns": 20, "max_chars": 50000}
+    assert default.json()["context"] == {"max_turns": 8, "max_chars": None}
+    assert none.json()["context"] == {"max_turns": None, "max_chars": None}
+    assert chosen.json()["compaction"] is None
+    shown = api.get(f"/v1/sessions/{chosen.json()['session_id']}").json()
+    assert shown["context"] == {"max_turns": 20, "max_chars": 50000}
+
+
+def test_a_context_policy_out_of_range_is_refused_with_422_and_nothing_is_written(
+    api: TestClient, runtime: Runtime
+) -> None:
+    for context in ({"max_turns": 0}, {"max_chars": 999}, {"max_turns": "many"}, {"other": 1}):
+        refused = api.post("/v1/sessions", json={"context": context})
+        problem(refused, 422, "validation_error")
+    assert runtime.sessions.session_ids() == []

@@ -58,6 +58,9 @@ def create_session(
     fields = _session_fields(runtime, body)
     if idempotency_key:
         request = body.model_dump(mode="json")
+        if request.get("context") is None:
+            # Bodies without a policy hash as they did before the field existed.
+            request.pop("context", None)
         started = start_session_once(
             runtime.sessions, runtime.settings.namespace, idempotency_key, request, **fields
         )
@@ -95,7 +98,17 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
         "tools_chosen": True,  # exactly these: an empty list offers none
         "metadata": body.metadata,
         "created_by": body.created_by or "api",
+        **_context_fields(runtime, body),
     }
+
+
+def _context_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, Any]:
+    """The session's context policy: the body's, else the server's default."""
+    if body.context is None:
+        turns, chars = runtime.settings.context_max_turns, runtime.settings.context_max_chars
+    else:
+        turns, chars = body.context.max_turns, body.context.max_chars
+    return {"context_max_turns": turns, "context_max_chars": chars}
 
 
 def _written(runtime: Runtime, written: Written) -> SessionWritten:
