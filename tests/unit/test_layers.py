@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROJECTIONS_MAY_USE = {
     "application.database",
     "application.errors",
+    "application.logorder",  # the log's order and commit horizon (how the log is read)
     "application.settings",
     "application.sessions",
 }
