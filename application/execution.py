@@ -26,6 +26,7 @@ from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved
 from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
+from turnlog.application.reply_deltas import DeltaHub
 from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.sessions import Sessions
 from turnlog.application.tool_errors import (
@@ -71,6 +72,8 @@ class Executor:
     max_steps: int = 8
     observer: Observer = field(default_factory=Unobserved)
     namespace: str = "default"  # part of each tool call's idempotency key
+    # Pieces of replies as they stream, for this process's live subscribers (never stored).
+    deltas: DeltaHub = field(default_factory=DeltaHub)
 
     def run_turn(
         self,
@@ -154,8 +157,10 @@ class Executor:
             return session  # summarising failed: the turn failed with the reason
         request = self.sessions.request_for(session)
         started = time.monotonic()
+        step = len(session.turn(turn_id).steps) + 1  # the step ModelReplied will record
         try:
-            reply = self.providers.get(session.provider).complete(request)
+            with self.deltas.streaming(session.id, turn_id, step):
+                reply = self.providers.get(session.provider).complete(request)
         except ProviderError as exc:
             self.observer.model_called(session.provider, "error", time.monotonic() - started)
             reason = f"provider error: {exc}"

@@ -13,6 +13,15 @@ Failures, as the agent loop sees them (a ``ProviderError`` → TurnFailed)::
     └── at once: a malformed reply (not JSON, no choices, tool-call arguments
                  that are not a JSON object)
 
+Replies are streamed (``stream: true``): the text arrives as server-sent
+``data:`` chunks, each piece handed to the model call's reply sink
+(``application.reply_deltas``) for live subscribers, and tool calls arrive as
+pieces assembled by index into whole calls. What the agent loop gets — and
+stores — is the whole reply, as without streaming. A server that answers
+with plain JSON instead of a stream is read as before. A stream cut before
+its end (no ``[DONE]`` and no finish reason) is retried like a connection
+error; the sink is told the attempt started over.
+
 The API key is sent in the Authorization header and nowhere else: it is not
 part of the request or reply objects (so never in events), never logged, and
 redacted from error text a server might echo it in.
@@ -26,8 +35,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 from uuid import uuid4
@@ -36,6 +45,7 @@ import httpx
 from pydantic import SecretStr
 
 from turnlog.application.providers import ModelReply, ProviderError
+from turnlog.application.reply_deltas import ReplySink, current_sink
 from turnlog.application.tools import ToolSpec
 from turnlog.domain.request import Message, ModelRequest
 
@@ -85,7 +95,9 @@ class OpenAIProvider:
         chosen_none = request.tools_chosen and not request.tools
         specs = [] if chosen_none else self._tool_specs(request.tools)
         body = request_body(request, specs, self.config.default_model)
-        return parse_reply(self._post(body))
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        return self._post(body, current_sink())
 
     def close(self) -> None:
         with self._lock:
@@ -107,24 +119,29 @@ class OpenAIProvider:
         key = self.config.api_key.get_secret_value() if self.config.api_key else ""
         return {"Authorization": f"Bearer {key}"} if key else {}
 
-    def _post(self, body: dict[str, Any]) -> Any:
+    def _post(self, body: dict[str, Any], sink: ReplySink) -> ModelReply:
         client = self._client_once()
         attempts = self.config.max_retries + 1
         for attempt in range(1, attempts + 1):
             problem, retry_after = "", None
+            sink.restart()
             try:
-                response = client.post(self.url, json=body, headers=self._headers())
+                with client.stream(
+                    "POST", self.url, json=body, headers=self._headers()
+                ) as response:
+                    if response.is_success:
+                        return self._read(response, sink)
+                    response.read()
+                    problem = f"HTTP {response.status_code}: {self._error_text(response)}"
+                    if not _retryable(response.status_code):
+                        raise ProviderError(f"{self.url} answered {problem}")
+                    retry_after = retry_after_seconds(response.headers)
             except httpx.TimeoutException:
                 problem = f"no reply within {self.config.timeout:g}s (timeout)"
             except httpx.TransportError as exc:
                 problem = f"connection error ({type(exc).__name__}: {self._redact(str(exc))})"
-            else:
-                if response.is_success:
-                    return self._json(response)
-                problem = f"HTTP {response.status_code}: {self._error_text(response)}"
-                if not _retryable(response.status_code):
-                    raise ProviderError(f"{self.url} answered {problem}")
-                retry_after = retry_after_seconds(response.headers)
+            except StreamBroken as exc:
+                problem = self._redact(str(exc))
             if attempt == attempts:
                 raise ProviderError(f"{self.url} failed after {attempts} attempts; last: {problem}")
             delay = self._delay(attempt, retry_after)
@@ -137,6 +154,26 @@ class OpenAIProvider:
             )
             self._sleep(delay)
         raise AssertionError("unreachable")
+
+    def _read(self, response: httpx.Response, sink: ReplySink) -> ModelReply:
+        """The whole reply: assembled from a stream, or read from a plain JSON body."""
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            response.read()
+            return parse_reply(self._json(response))
+        reply = StreamedReply()
+        for data in sse_data(response.iter_lines()):
+            if data.strip() == "[DONE]":
+                reply.done = True
+                break
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                snippet = self._redact(data[:200])
+                raise ProviderError(
+                    f"malformed reply from {self.url}: a stream chunk is not JSON: {snippet!r}"
+                ) from None
+            sink.text(reply.add(chunk))
+        return reply.whole()
 
     def _delay(self, attempt: int, retry_after: float | None) -> float:
         """Retry-After when the server gave one, else jittered exponential backoff; capped."""
@@ -302,3 +339,106 @@ def _arguments(call_id: str, name: str, raw: Any) -> dict[str, Any]:
             f"the model's arguments for tool call {call_id} ({name}) are not a JSON object"
         )
     return value
+
+
+# -------------------------------------------------------------- streaming
+
+
+class StreamBroken(Exception):
+    """A stream that ended early or carried an error: retried like a connection error."""
+
+
+def sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """The ``data`` of each server-sent event (lines joined), comments and other fields skipped."""
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+@dataclass
+class StreamedReply:
+    """A chat completion assembled from its chunks: text pieces, tool calls by index, usage."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    finished: bool = False
+    done: bool = False
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk; returns the text it adds to the reply ('' for none)."""
+        if not isinstance(chunk, dict):
+            raise ProviderError("malformed reply: a stream chunk is not a JSON object")
+        if "error" in chunk:
+            error = chunk["error"]
+            text = error.get("message") if isinstance(error, dict) else error
+            raise StreamBroken(f"the stream carried an error: {str(text)[:300]}")
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ""  # the usage chunk (no choices) or a keep-alive
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self.finished = True
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return ""
+        for index, call in enumerate(delta.get("tool_calls") or []):
+            self._add_call(index, call)
+        piece = _piece(delta.get("content"))
+        self.text.append(piece)
+        return piece
+
+    def _add_call(self, position: int, call: Any) -> None:
+        if not isinstance(call, dict):
+            raise ProviderError("malformed reply: a streamed tool call is not an object")
+        index = call.get("index", position)
+        whole = self.calls.setdefault(index if isinstance(index, int) else position, {})
+        if call.get("id") and not whole.get("id"):
+            whole["id"] = call["id"]
+        function = call.get("function")
+        if not isinstance(function, dict):
+            function = {}
+        name = function.get("name")
+        if isinstance(name, str) and name and not whole.get("name"):
+            whole["name"] = name
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):  # a few servers send an object, whole
+            whole["arguments"] = arguments
+        elif isinstance(arguments, str):
+            whole["arguments"] = whole.get("arguments", "") + arguments
+
+    def whole(self) -> ModelReply:
+        if not (self.done or self.finished):
+            raise StreamBroken("the stream ended before the reply was complete")
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.text)}
+        if self.calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.get("id"),
+                    "type": "function",
+                    "function": {"name": c.get("name"), "arguments": c.get("arguments")},
+                }
+                for _, c in sorted(self.calls.items())
+            ]
+        return parse_reply({"choices": [{"message": message}], "usage": self.usage})
+
+
+def _piece(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(
+            str(p.get("text", ""))
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""

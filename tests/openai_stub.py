@@ -45,6 +45,11 @@ class Answer:
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
     hang: bool = False
+    # A streamed answer: these server-sent event frames, one write each. With
+    # ``hold`` set, the stub waits for it after ``hold_after`` frames.
+    frames: tuple[bytes, ...] = ()
+    hold: threading.Event | None = None
+    hold_after: int = 0
 
 
 def completion(message: dict[str, Any], usage: dict[str, int] | None = None) -> Answer:
@@ -86,6 +91,76 @@ def raw(body: bytes, code: int = 200) -> Answer:
 
 
 HANG = Answer(hang=True)
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    body = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion.chunk",
+        "model": "stub",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def usage_chunk(usage: dict[str, int]) -> bytes:
+    body = {"id": "chatcmpl-stub", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def pieces(text: str, count: int) -> list[str]:
+    """``text`` cut into ``count`` pieces (none empty while the text is long enough)."""
+    size, extra = divmod(len(text), count)
+    out, start = [], 0
+    for i in range(count):
+        end = start + size + (1 if i < extra else 0)
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def streamed(
+    text: str,
+    count: int = 20,
+    *,
+    usage: dict[str, int] | None = None,
+    hold: threading.Event | None = None,
+    hold_after: int = 0,
+    cut_after: int | None = None,
+) -> Answer:
+    """A reply streamed as ``count`` text chunks, a finish chunk, usage, then ``[DONE]``.
+
+    ``cut_after``: the stream stops after that many text chunks (no finish, no ``[DONE]``).
+    """
+    frames = [chunk({"role": "assistant", "content": p}) for p in pieces(text, count)]
+    if cut_after is not None:
+        frames = frames[:cut_after]
+    else:
+        frames.append(chunk({}, finish="stop"))
+        frames.append(usage_chunk(usage or {"prompt_tokens": 10, "completion_tokens": count}))
+        frames.append(b"data: [DONE]\n\n")
+    return Answer(
+        200,
+        headers={"Content-Type": "text/event-stream"},
+        frames=tuple(frames),
+        hold=hold,
+        hold_after=hold_after,
+    )
+
+
+def streamed_tool_calls(*calls: tuple[str, str, str], split: int = 3) -> Answer:
+    """Tool calls streamed as OpenAI does: id and name first, the arguments in ``split`` pieces."""
+    frames = [b": keep-alive comment\n\n"]
+    for index, (cid, name, args) in enumerate(calls):
+        first = {"index": index, "id": cid, "type": "function"}
+        first["function"] = {"name": name, "arguments": ""}
+        frames.append(chunk({"role": "assistant", "content": None, "tool_calls": [first]}))
+        for piece in pieces(args, split):
+            more = {"index": index, "function": {"arguments": piece}}
+            frames.append(chunk({"tool_calls": [more]}))
+    frames.append(chunk({}, finish="tool_calls"))
+    frames.append(b"data: [DONE]\n\n")
+    return Answer(200, headers={"Content-Type": "text/event-stream"}, frames=tuple(frames))
 
 
 class StubOpenAI:
@@ -152,6 +227,9 @@ def _handler(stub: StubOpenAI) -> Callable[..., BaseHTTPRequestHandler]:
             if answer.hang:
                 stub._stopping.wait(60)
                 return
+            if answer.frames:
+                self._stream(answer)
+                return
             try:
                 self.send_response(answer.status)
                 for name, value in answer.headers.items():
@@ -161,6 +239,22 @@ def _handler(stub: StubOpenAI) -> Callable[..., BaseHTTPRequestHandler]:
                 self.wfile.write(answer.body)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (a timeout test)
+
+        def _stream(self, answer: Answer) -> None:
+            try:
+                self.send_response(answer.status)
+                for name, value in answer.headers.items():
+                    self.send_header(name, value)
+                self.send_header("Connection", "close")  # the body ends when it closes
+                self.end_headers()
+                self.wfile.flush()
+                for sent, frame in enumerate(answer.frames):
+                    if answer.hold is not None and sent == answer.hold_after:
+                        answer.hold.wait(scaled(60))
+                    self.wfile.write(frame)
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:
             return None

@@ -23,11 +23,24 @@ from pydantic import SecretStr
 
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
-from tests.openai_stub import HANG, StubOpenAI, raw, reply, status, tool_calls
+from tests.openai_stub import (
+    HANG,
+    Answer,
+    StubOpenAI,
+    chunk,
+    pieces,
+    raw,
+    reply,
+    status,
+    streamed,
+    streamed_tool_calls,
+    tool_calls,
+)
 from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
 from turnlog.application.recovery import Decision
+from turnlog.application.reply_deltas import ReplyDelta
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.domain.request import ModelRequest
@@ -390,3 +403,99 @@ def spawn_send(settings: Settings, session_id: UUID, message: str) -> subprocess
         env=env,
         cwd=ROOT,
     )
+
+
+# ---------------------------------------------------------------- streaming
+
+
+def collect_deltas(runtime: Runtime, session_id: UUID) -> list[ReplyDelta]:
+    seen: list[ReplyDelta] = []
+    runtime.executor.deltas.subscribe(session_id, seen.append)
+    return seen
+
+
+def test_a_streamed_reply_is_published_piece_by_piece_and_stored_whole(
+    runtime: Runtime, stub: StubOpenAI, settings: Settings, database: Database
+) -> None:
+    session_id = openai_session(runtime)
+    seen = collect_deltas(runtime, session_id)
+    text = "Streaming arrives in twenty small pieces, then the whole reply is stored."
+    stub.script(streamed(text, 20, usage={"prompt_tokens": 9, "completion_tokens": 20}))
+
+    turn = runtime.send(session_id, "Hi").turn
+
+    assert (turn.state, turn.reply) == ("completed", text)
+    assert turn.steps[0].usage == {"prompt_tokens": 9, "completion_tokens": 20}
+    assert [d.text for d in seen] == pieces(text, 20)
+    assert [d.offset for d in seen] == [sum(map(len, pieces(text, 20)[:i])) for i in range(20)]
+    assert {(d.turn_id, d.step) for d in seen} == {(turn.turn_id, 1)}
+    body = stub.requests[0].json
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert topics(database, settings.namespace, session_id)[-3:] == [
+        "TurnClaimed",
+        "ModelReplied",
+        "TurnCompleted",
+    ]
+
+
+def test_streamed_tool_calls_are_assembled_into_whole_calls(
+    runtime: Runtime, stub: StubOpenAI
+) -> None:
+    session_id = openai_session(runtime)
+    stub.script(
+        streamed_tool_calls(
+            ("call_s1", "echo", '{"text": "first piece"}'),
+            ("call_s2", "echo", '{"text": "second"}'),
+        ),
+        streamed("Both echoed.", 4),
+    )
+
+    turn = runtime.send(session_id, "Echo twice").turn
+
+    assert (turn.state, turn.reply) == ("completed", "Both echoed.")
+    assistant, *results = stub.requests[1].messages[-3:]  # what the loop sent back
+    assert [
+        (c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in assistant["tool_calls"]
+    ] == [
+        ("call_s1", "echo", '{"text": "first piece"}'),
+        ("call_s2", "echo", '{"text": "second"}'),
+    ]
+    assert [(r["tool_call_id"], r["content"]) for r in results] == [
+        ("call_s1", '{"text": "first piece"}'),
+        ("call_s2", '{"text": "second"}'),
+    ]
+
+
+def test_a_stream_cut_before_its_end_is_retried_and_readers_are_told_it_started_over(
+    runtime: Runtime, stub: StubOpenAI
+) -> None:
+    session_id = openai_session(runtime)
+    seen = collect_deltas(runtime, session_id)
+    stub.script(streamed("never finished", 5, cut_after=3), streamed("whole at last", 5))
+
+    turn = runtime.send(session_id, "Hi").turn
+
+    assert (turn.state, turn.reply) == ("completed", "whole at last")
+    assert len(stub.requests) == 2
+    assert [d.offset == 0 for d in seen] == [True, False, False, True, False, False, False, False]
+
+
+def test_an_error_inside_a_stream_fails_after_retries_with_the_key_redacted(
+    runtime: Runtime, stub: StubOpenAI
+) -> None:
+    session_id = openai_session(runtime)
+    broken = Answer(
+        200,
+        headers={"Content-Type": "text/event-stream"},
+        frames=(
+            chunk({"role": "assistant", "content": "Hel"}),
+            f'data: {{"error": {{"message": "overloaded for {KEY}"}}}}\n\n'.encode(),
+        ),
+    )
+    stub.script(broken, broken, broken)
+
+    turn = runtime.send(session_id, "Hi").turn
+
+    assert turn.state == "failed"
+    assert "after 3 attempts" in turn.error and "overloaded for ***" in turn.error

@@ -239,6 +239,7 @@
             shown = Number(fragment.dataset.version);
             container.dataset.status = fragment.dataset.status;
             fillRawPanels();
+            drawReplying();
           }
         } while (again);
       })();
@@ -302,8 +303,52 @@
       return row;
     }
 
+    // A reply while it streams: live pieces (delta frames, never stored) shown in a
+    // "replying…" section of its turn, dropped once the stored reply arrives.
+    let replying = null; // {turn_id, step, text}
+
+    function delta(piece) {
+      const same = replying && replying.turn_id === piece.turn_id && replying.step === piece.step;
+      if (!same || piece.offset === 0) {
+        replying = { turn_id: piece.turn_id, step: piece.step, text: "" };
+      }
+      // A piece after a gap (a slow reader's dropped pieces): show a mark, the stored reply follows.
+      if (piece.offset > replying.text.length) replying.text += " … ";
+      replying.text += piece.text;
+      drawReplying();
+    }
+
+    function drawReplying() {
+      const old = $(".msg.replying", container);
+      const turn = replying && document.getElementById(`turn-${replying.turn_id}`);
+      if (!turn) {
+        if (old) old.remove();
+        return;
+      }
+      let section = old;
+      if (!section || !turn.contains(section)) {
+        if (section) section.remove();
+        section = document.createElement("section");
+        section.className = "msg replying";
+        section.setAttribute("aria-label", "Reply arriving");
+        section.setAttribute("aria-live", "off");
+        section.innerHTML = "<h3></h3><p class='text'></p>";
+        const before = $(".waiting", turn) || $("details.raw", turn);
+        before.parentNode.insertBefore(section, before);
+      }
+      $("h3", section).textContent = `Model · step ${replying.step} · replying…`;
+      $(".text", section).textContent = replying.text;
+    }
+
     function received(event) {
       if (events.length && event.version <= events[events.length - 1].version) return;
+      const replaced =
+        (event.type === "ModelReplied" && event.payload.step >= replying?.step) ||
+        ["TurnCompleted", "TurnFailed", "TurnInterrupted", "TurnAbandoned"].includes(event.type);
+      if (replying && turnOf(event) === replying.turn_id && replaced) {
+        replying = null; // the stored reply (or the turn's end) replaces the preview
+        drawReplying();
+      }
       events.push(event);
       const panel = $$("details[data-raw-for]", container).find((d) => d.dataset.rawFor === turnOf(event));
       if (panel) {
@@ -354,9 +399,11 @@
               buffer += value;
               let end;
               while ((end = buffer.indexOf("\n\n")) >= 0) {
-                const event = parseFrame(buffer.slice(0, end));
+                const frame = buffer.slice(0, end);
+                const data = parseFrame(frame);
                 buffer = buffer.slice(end + 2);
-                if (event) received(event);
+                if (data && /^event: delta$/m.test(frame)) delta(data);
+                else if (data) received(data);
               }
             }
           } catch (error) {

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.errors import SessionNotFound
+from turnlog.interface.http.deltas import with_deltas
 from turnlog.interface.http.deps import HistoryDep, StateDep
 from turnlog.interface.http.schemas import EventOut, EventsPage, problems
 from turnlog.interface.http.streams import EventStreamResponse, follow
@@ -52,6 +53,11 @@ async def session_events(
     `Last-Event-ID` past the session's last version was not handed out for
     this session: 422, never a stream that waits for versions that may
     never come.
+
+    While a model reply streams in this process, its pieces come as
+    `event: delta` frames without an `id` (data: `session_id`, `turn_id`,
+    `step`, `offset`, `text`): live only, never stored or replayed; the
+    stored `ModelReplied` that follows holds the whole reply.
     """
     if "text/event-stream" in request.headers.get("accept", ""):
         resume = _last_event_id(request)
@@ -71,7 +77,9 @@ async def session_events(
             options.heartbeat_seconds,
             state.draining,
         )
-        return EventStreamResponse(stream, release)
+        runtime = state.parts.runtime
+        hub = runtime.executor.deltas if runtime is not None else None
+        return EventStreamResponse(with_deltas(stream, hub, session_id), release)
     events = await run_in_threadpool(history.events, session_id, after, limit)
     if not events:
         last = await run_in_threadpool(history.last_version, session_id)
