@@ -52,11 +52,18 @@ class LeaseCheck(Protocol):
 
     def check(self) -> None: ...
 
+    def guard(self, still_ours: Callable[[], bool] | None) -> None:
+        """Whom to ask, after a lost lock was taken back, whether the turn is still ours."""
+        ...
+
 
 class Unleased:
     """For callers that fence by claim alone (tests, single-process tools)."""
 
     def check(self) -> None:
+        return None
+
+    def guard(self, still_ours: Callable[[], bool] | None) -> None:
         return None
 
 
@@ -101,6 +108,33 @@ class Executor:
         )
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
+        # A lock dropped with its connection while we live is taken back, and
+        # kept only if no one claimed the turn meanwhile (application/leases.py).
+        lease.guard(lambda: self._still_ours(session_id, turn_id, claim))
+        try:
+            return self._steps(session, turn_id, claim, lease, stop)
+        finally:
+            lease.guard(None)
+
+    def _still_ours(self, session_id: UUID, turn_id: str, claim: int) -> bool:
+        """Whether the turn is still running under our claim (read from the record)."""
+        turn = self.sessions.get_session(session_id).open_turn
+        return (
+            turn is not None
+            and turn.turn_id == turn_id
+            and turn.state is TurnState.RUNNING
+            and turn.claim == claim
+        )
+
+    def _steps(
+        self,
+        session: Session,
+        turn_id: str,
+        claim: int,
+        lease: LeaseCheck,
+        stop: threading.Event | None,
+    ) -> Turn:
+        session_id = session.id
         while True:
             if not session.turn_state(turn_id).is_open:
                 # The session keeps only a summary of a finished turn: read it back.
@@ -258,6 +292,9 @@ class Executor:
 
         context = self._context(session, call_id, attempt, report_process)
         outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)
+        # Ours still? A lease dropped while the tool ran has been taken back if
+        # no one claimed the turn meanwhile; otherwise the result is not ours to record.
+        lease.check()
         session = current[0]
         if outcome == "succeeded":
             return self._write(
