@@ -163,6 +163,37 @@ class Sessions(Application[UUID]):
         record = self.replay_range(session_id, finished.first_version, finished.last_version)
         return record, record.turn(turn_id)
 
+    def turn_page(
+        self, session_id: UUID, before: int | None, limit: int
+    ) -> tuple[Session, list[tuple[Session, Turn]], int | None]:
+        """Up to ``limit`` turns numbered below ``before`` (1: the first turn), newest first.
+
+        Each turn comes with the session object its calls are in; the third
+        value is the number to continue below (None: this page reaches the
+        first turn). Finished turns are rebuilt from one range read of their
+        own events, so a page costs the same however long the session is.
+        """
+        session = self.get_session(session_id)
+        top = session.turn_count if before is None else min(before - 1, session.turn_count)
+        low = max(top - limit, 0)
+        numbers = range(top, low, -1)
+        done = len(session.finished)
+        by_id: dict[str, Turn] = {}
+        record = session
+        if low < done:
+            first, last = session.finished[low][2], session.finished[min(top, done) - 1][3]
+            record = self.replay_range(session_id, first, last)
+            by_id = {t.turn_id: t for t in record.turns}
+        page: list[tuple[Session, Turn]] = []
+        for number in numbers:
+            if number > done:
+                open_turn = session.open_turn
+                if open_turn is not None:
+                    page.append((session, open_turn))
+            else:
+                page.append((record, by_id[session.finished[number - 1][0]]))
+        return session, page, (low + 1 if low > 0 else None)
+
     def request_for(self, session: Session) -> ModelRequest:
         """The next model request: the session's open turn plus the earlier turns it carries.
 

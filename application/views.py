@@ -82,6 +82,27 @@ def describe_session(session: Session) -> dict[str, Any]:
     }
 
 
+def describe_session_summary(session: Session) -> dict[str, Any]:
+    """A session's settings, status, turn counts and open turn: bounded whatever its length.
+
+    The turns themselves are paged (``Sessions.turn_page``).
+    """
+    view = describe_session(session)
+    del view["turns"]
+    last = session.last_turn
+    counts = dict(session.counts)
+    open_turn = session.open_turn
+    if open_turn is not None:
+        counts[str(open_turn.state)] = counts.get(str(open_turn.state), 0) + 1
+    return {
+        **view,
+        "turn_count": session.turn_count,
+        "turn_counts": counts,
+        "last_turn": None if last is None else {"turn_id": last.turn_id, "state": str(last.state)},
+        "open_turn": None if open_turn is None else describe_turn(session, open_turn),
+    }
+
+
 def describe_compaction(compaction: dict[str, Any] | None) -> dict[str, Any] | None:
     """The latest context summary: its text, how many turns it covers, where it is."""
     if not compaction:

@@ -24,7 +24,7 @@ from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, split_names
 from turnlog.application.tools import default_tools
-from turnlog.application.views import describe_session, describe_turn
+from turnlog.application.views import describe_session_summary, describe_turn
 from turnlog.interface import cli_work
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.interface.cli_read import audit, projections_app
@@ -257,15 +257,27 @@ def sessions_show(
     ctx: typer.Context,
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    latest: Annotated[
+        int, typer.Option("--latest", min=1, max=1000, help="How many of the latest turns.")
+    ] = 20,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Every turn (read page by page), not just the latest.")
+    ] = False,
 ) -> None:
-    """Show a session rebuilt from its events."""
+    """Show a session rebuilt from its events: its latest turns, or --all of them."""
     sid = parse_uuid(session_id)
-    view = run(ctx, lambda rt: describe_session(rt.sessions.get_record(sid)))
+    view = run(ctx, lambda rt: _session_with_turns(rt, sid, None if show_all else latest))
     if as_json:
         typer.echo(json.dumps(view))
         return
     title = escape(view["title"] or "(untitled)")
     out.print(f"[bold]{title}[/]  {view['session_id']}  status={view['status']}")
+    hidden = view["turn_count"] - len(view["turns"])
+    if hidden:
+        out.print(f"({hidden} earlier turns not shown; --all shows every turn)")
+    if view["compaction"]:
+        c = view["compaction"]
+        out.print(f"context summary of the first {c['turns']} turns: {escape(c['summary'])}")
     for t in view["turns"]:
         out.print(f"\n[bold]turn {t['turn_id']}[/] ({t['state']})")
         lines = [f"  user: {t['message']}"]
@@ -279,6 +291,21 @@ def sessions_show(
         if t["error"]:
             lines.append(f"  error: {t['error']}")
         out.print("\n".join(lines), markup=False)
+
+
+def _session_with_turns(rt: Runtime, sid: UUID, latest: int | None) -> dict[str, Any]:
+    """The session's summary and its turns, oldest first: the ``latest`` ones, or all."""
+    view = describe_session_summary(rt.sessions.get_session(sid))
+    turns: list[dict[str, Any]] = []
+    before: int | None = None
+    while latest is None or len(turns) < latest:
+        size = 200 if latest is None else latest - len(turns)
+        _, page, before = rt.sessions.turn_page(sid, before, size)
+        turns.extend(describe_turn(record, turn) for record, turn in page)
+        if before is None:
+            break
+    view["turns"] = turns[::-1]
+    return view
 
 
 @sessions_app.command("list")

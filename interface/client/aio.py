@@ -141,7 +141,7 @@ class AsyncClient:
             cursor, min_position = page.next_cursor, None
 
     async def get_session(self, session_id: SessionRef) -> Session:
-        """A session rebuilt from its events, with every turn."""
+        """A session: settings, status, turn counts and its open turn (turns: ``list_turns``)."""
         return await self._send(calls.get_session(session_id))
 
     async def close_session(
@@ -163,6 +163,12 @@ class AsyncClient:
         """Submit a user message; with ``wait`` (up to 60 s) return the finished turn if it
         finishes in time. A generated Idempotency-Key makes a lost answer safe to retry."""
         return await self._send(calls.submit_turn(session_id, message, wait, idempotency_key))
+
+    async def list_turns(
+        self, session_id: SessionRef, *, limit: int = 20, cursor: str | None = None
+    ) -> Page[Turn]:
+        """A page of the session's turns in full, newest first; pass ``next_cursor`` on."""
+        return await self._send(calls.list_turns(session_id, limit, cursor))
 
     async def get_turn(self, session_id: SessionRef, turn_id: str) -> Turn:
         return await self._send(calls.get_turn(session_id, turn_id))

@@ -212,6 +212,12 @@ def submit_turn(
     )
 
 
+def list_turns(session_id: SessionRef, limit: int, cursor: str | None) -> Call[Page[Turn]]:
+    params = {"limit": limit, "cursor": cursor}
+    path = f"/v1/sessions/{_sid(session_id)}/turns"
+    return Call("GET", path, Page[Turn], params=params, safe=True)
+
+
 def get_turn(session_id: SessionRef, turn_id: str) -> Call[Turn]:
     return Call("GET", f"/v1/sessions/{_sid(session_id)}/turns/{turn_id}", Turn, safe=True)
 

@@ -82,8 +82,34 @@ class Turn(Model):
         return self.state not in ("queued", "running")
 
 
+class ContextPolicy(Model):
+    """A session's context-window policy (None: that limit is not set)."""
+
+    max_turns: int | None
+    max_chars: int | None
+
+
+class Compaction(Model):
+    """The latest context summary: it stands for the session's first ``turns`` turns."""
+
+    summary: str
+    turns: int
+    last_turn_id: str
+    version: int = Field(description="Version of its ContextCompacted event.")
+
+
+class LastTurn(Model):
+    """The session's latest turn: its id and state."""
+
+    turn_id: str
+    state: TurnState
+
+
 class Session(Model):
-    """A session rebuilt from its events."""
+    """A session rebuilt from its events: settings, status, turn counts, the open turn.
+
+    Its turns are paged (``list_turns``), newest first.
+    """
 
     session_id: UUID
     title: str
@@ -97,7 +123,12 @@ class Session(Model):
     last_activity_at: datetime | None
     version: int
     closed: bool
-    turns: list[Turn]
+    context: ContextPolicy
+    compaction: Compaction | None
+    turn_count: int = Field(description="Turns submitted to the session, open ones included.")
+    turn_counts: dict[TurnState, int] = Field(description="Turns by state.")
+    last_turn: LastTurn | None
+    open_turn: Turn | None = Field(description="The queued, running or interrupted turn.")
 
 
 class SessionWritten(Session):
@@ -247,6 +278,10 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     SessionRow: "SessionRow",
     OpenTurnRow: "OpenTurnRow",
     ToolCallRow: "ToolCallRow",
+    ContextPolicy: "ContextPolicyOut",
+    Compaction: "CompactionOut",
+    LastTurn: "LastTurnOut",
+    Page[Turn]: "Page_TurnOut_",
     Page[SessionRow]: "Page_SessionRow_",
     Page[OpenTurnRow]: "Page_OpenTurnRow_",
     Page[ToolCallRow]: "Page_ToolCallRow_",

@@ -139,7 +139,7 @@ class Client:
             cursor, min_position = page.next_cursor, None
 
     def get_session(self, session_id: SessionRef) -> Session:
-        """A session rebuilt from its events, with every turn."""
+        """A session: settings, status, turn counts and its open turn (turns: ``list_turns``)."""
         return self._send(calls.get_session(session_id))
 
     def close_session(
@@ -161,6 +161,12 @@ class Client:
         """Submit a user message; with ``wait`` (up to 60 s) return the finished turn if it
         finishes in time. A generated Idempotency-Key makes a lost answer safe to retry."""
         return self._send(calls.submit_turn(session_id, message, wait, idempotency_key))
+
+    def list_turns(
+        self, session_id: SessionRef, *, limit: int = 20, cursor: str | None = None
+    ) -> Page[Turn]:
+        """A page of the session's turns in full, newest first; pass ``next_cursor`` on."""
+        return self._send(calls.list_turns(session_id, limit, cursor))
 
     def get_turn(self, session_id: SessionRef, turn_id: str) -> Turn:
         return self._send(calls.get_turn(session_id, turn_id))

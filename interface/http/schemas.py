@@ -166,8 +166,19 @@ class CompactionOut(BaseModel):
     version: int = Field(description="Version of its ContextCompacted event.")
 
 
+class LastTurnOut(BaseModel):
+    """The session's latest turn: its id and state."""
+
+    turn_id: str
+    state: TurnStateName
+
+
 class SessionOut(BaseModel):
-    """A session rebuilt from its events."""
+    """A session rebuilt from its events: settings, status, turn counts, the open turn.
+
+    Its size does not grow with the session's history; the turns are paged at
+    ``GET /v1/sessions/{id}/turns``.
+    """
 
     session_id: UUID
     title: str
@@ -183,7 +194,10 @@ class SessionOut(BaseModel):
     closed: bool
     context: ContextPolicyOut
     compaction: CompactionOut | None
-    turns: list[TurnOut]
+    turn_count: int = Field(description="Turns submitted to the session, open ones included.")
+    turn_counts: dict[TurnStateName, int] = Field(description="Turns by state.")
+    last_turn: LastTurnOut | None
+    open_turn: TurnOut | None = Field(description="The queued, running or interrupted turn.")
 
 
 class SessionWritten(SessionOut):

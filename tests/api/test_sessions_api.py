@@ -162,3 +162,32 @@ def test_a_context_policy_out_of_range_is_refused_with_422_and_nothing_is_writte
         refused = api.post("/v1/sessions", json={"context": context})
         problem(refused, 422, "validation_error")
     assert runtime.sessions.session_ids() == []
+
+
+def test_a_session_answers_its_counts_and_open_turn_and_pages_its_turns_newest_first(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    for i in range(45):
+        runtime.send(uuid.UUID(sid), f"message {i}")
+    runtime.sessions.submit_turn(uuid.UUID(sid), "still queued")
+
+    shown = api.get(f"/v1/sessions/{sid}").json()
+    assert "turns" not in shown
+    assert shown["turn_count"] == 46
+    assert shown["turn_counts"] == {"completed": 45, "queued": 1}
+    assert shown["open_turn"]["message"] == "still queued"
+    assert shown["last_turn"] == {"turn_id": shown["open_turn"]["turn_id"], "state": "queued"}
+
+    messages, cursor, pages = [], None, 0
+    while True:
+        page = api.get(f"/v1/sessions/{sid}/turns", params={"limit": 20, "cursor": cursor})
+        assert page.status_code == 200
+        messages += [t["message"] for t in page.json()["items"]]
+        cursor, pages = page.json()["next_cursor"], pages + 1
+        if cursor is None:
+            break
+    assert pages == 3
+    assert messages == ["still queued"] + [f"message {i}" for i in reversed(range(45))]
+    problem(api.get(f"/v1/sessions/{sid}/turns", params={"cursor": "nope"}), 422, "invalid_cursor")
+    problem(api.get(f"/v1/sessions/{uuid.uuid4()}/turns"), 404, "session_not_found")

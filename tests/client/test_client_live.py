@@ -50,7 +50,7 @@ def serve(settings: Settings, log: Path) -> Iterator[tuple[subprocess.Popen[byte
 
 
 def last_turn_if_finished(client: turnlog.Client, session_id: UUID) -> Turn | None:
-    turn = client.get_session(session_id).turns[-1]
+    turn = client.list_turns(session_id, limit=1).items[0]
     return turn if turn.finished else None
 
 
@@ -146,7 +146,7 @@ def test_refusals_reach_the_client_as_typed_errors_with_their_codes(
             with pytest.raises(turnlog.ApiError) as caught:
                 client.submit_turn(sid, "again")
             assert (caught.value.status, caught.value.code) == (409, "turn_in_progress")
-            eventually(lambda: client.get_session(sid).turns[-1].finished, deadline=60)
+            eventually(lambda: client.list_turns(sid, limit=1).items[0].finished, deadline=60)
             client.close_session(sid, actor="ops", reason="done")
             with pytest.raises(turnlog.ApiError) as caught:
                 client.submit_turn(sid, "after close")

@@ -181,6 +181,14 @@ def test_audit_and_projections_verify_a_long_compacted_session(
     shown = json.loads(turnlog(settings, "sessions", "show", str(sid), "--json").stdout)
     assert shown["context"] == {"max_turns": 4, "max_chars": None}
     assert "The codeword is plover." in shown["compaction"]["summary"]
+    assert shown["turn_count"] == 41 and len(shown["turns"]) == 20
+    assert shown["turns"][-1]["message"] == "message 39"
+    every = json.loads(turnlog(settings, "sessions", "show", str(sid), "--json", "--all").stdout)
+    assert [t["message"] for t in every["turns"]][:2] == [
+        "The codeword is plover",
+        '/tool echo {"text": "x"}',
+    ]
+    assert len(every["turns"]) == 41
 
 
 @pytest.mark.parametrize("options", [["--context-max-turns", "0"], ["--context-max-chars", "999"]])

@@ -12,7 +12,7 @@ from turnlog.application.idempotency import start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
 from turnlog.application.tools import default_tools
-from turnlog.application.views import describe_session
+from turnlog.application.views import describe_session_summary, describe_turn
 from turnlog.interface.http.deps import (
     IdempotencyKey,
     MinPosition,
@@ -29,9 +29,11 @@ from turnlog.interface.http.schemas import (
     SessionOut,
     SessionRow,
     SessionWritten,
+    TurnOut,
     problems,
 )
 from turnlog.interface.problems import InvalidRequest
+from turnlog.projections.queries import decode_cursor, encode_cursor
 
 router = APIRouter(prefix="/v1", tags=["sessions"])
 
@@ -112,7 +114,7 @@ def _context_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
 
 
 def _written(runtime: Runtime, written: Written) -> SessionWritten:
-    view = describe_session(runtime.sessions.get_record(written.session_id))
+    view = describe_session_summary(runtime.sessions.get_session(written.session_id))
     return SessionWritten.model_validate({**view, "position": written.position})
 
 
@@ -141,8 +143,36 @@ async def list_sessions(
     "/sessions/{session_id}", response_model=SessionOut, responses=problems(401, 404, 422, 503)
 )
 def get_session(session_id: UUID, sessions: SessionsDep) -> SessionOut:
-    """A session rebuilt from its events: settings, status, every turn and tool call."""
-    return SessionOut.model_validate(describe_session(sessions.get_record(session_id)))
+    """A session rebuilt from its events: settings, status, turn counts and the open turn.
+
+    Bounded whatever the session's length: its turns are at
+    `GET /v1/sessions/{id}/turns`.
+    """
+    return SessionOut.model_validate(describe_session_summary(sessions.get_session(session_id)))
+
+
+@router.get(
+    "/sessions/{session_id}/turns",
+    response_model=Page[TurnOut],
+    responses=problems(401, 404, 422, 503),
+)
+def list_turns(
+    session_id: UUID,
+    sessions: SessionsDep,
+    limit: Annotated[int, Query(ge=1, le=200, description="Page size.")] = 20,
+    cursor: Annotated[str | None, Query(max_length=200, description="From the last page.")] = None,
+) -> Page[TurnOut]:
+    """The session's turns in full, newest first.
+
+    Pass `next_cursor` as `cursor` for older turns; it is null on the page
+    that reaches the first turn. Each page reads only its own turns' events.
+    """
+    key = decode_cursor(cursor, "turns", (int,))
+    before = int(key[0]) if key else None
+    _, page, following = sessions.turn_page(session_id, before, limit)
+    items = [describe_turn(record, turn) for record, turn in page]
+    next_cursor = encode_cursor("turns", (following,)) if following else None
+    return Page[TurnOut].model_validate({"items": items, "next_cursor": next_cursor})
 
 
 @router.post(
