@@ -11,11 +11,12 @@ from fastapi.concurrency import run_in_threadpool
 from turnlog.application.errors import SessionNotFound
 from turnlog.interface.http.deltas import with_deltas
 from turnlog.interface.http.deps import HistoryDep, StateDep
+from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import EventOut, EventsPage, problems
 from turnlog.interface.http.streams import EventStreamResponse, follow
 from turnlog.interface.problems import InvalidRequest
 
-router = APIRouter(prefix="/v1", tags=["events"])
+router = APIRouter(prefix="/v1", tags=["events"], route_class=ReadRetryRoute)
 
 _STREAM_DOC = {
     "text/event-stream": {

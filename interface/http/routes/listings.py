@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.worker import list_workers
 from turnlog.interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
+from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     OpenTurnRow,
     OpenTurnsSummaryOut,
@@ -29,7 +30,7 @@ from turnlog.projections.activity import (
     tool_call_activity,
 )
 
-router = APIRouter(prefix="/v1", tags=["read models"])
+router = APIRouter(prefix="/v1", tags=["read models"], route_class=ReadRetryRoute)
 
 Limit = Annotated[int, Query(ge=1, le=500, description="Page size.")]
 Cursor = Annotated[str | None, Query(max_length=200, description="From the previous page.")]

@@ -22,6 +22,7 @@ from turnlog.interface.http.deps import (
     StateDep,
     caught_up,
 )
+from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
@@ -35,7 +36,7 @@ from turnlog.interface.http.schemas import (
 from turnlog.interface.problems import InvalidRequest
 from turnlog.projections.queries import decode_cursor, encode_cursor
 
-router = APIRouter(prefix="/v1", tags=["sessions"])
+router = APIRouter(prefix="/v1", tags=["sessions"], route_class=ReadRetryRoute)
 
 
 @router.post(

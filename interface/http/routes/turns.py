@@ -16,6 +16,7 @@ from turnlog.interface.http.deps import (
     SessionsDep,
     StateDep,
 )
+from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     AbandonTurnRequest,
     ResolveToolCallRequest,
@@ -26,7 +27,7 @@ from turnlog.interface.http.schemas import (
 )
 from turnlog.interface.http.waiting import turn_view, until_finished
 
-router = APIRouter(prefix="/v1", tags=["turns"])
+router = APIRouter(prefix="/v1", tags=["turns"], route_class=ReadRetryRoute)
 
 
 def _turn_written(session_id: UUID, view: dict[str, Any], position: int | None) -> TurnWritten:
