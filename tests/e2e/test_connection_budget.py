@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from tests.conftest import ROOT, turnlog_env
+from tests.deadlines import scaled
 from tests.e2e.test_serve import free_port, wait_ready
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
@@ -65,7 +66,7 @@ def test_a_role_holds_its_pool_and_the_connections_the_guide_counts(
     try:
         wait_ready(proc, url, log)
         own = -1
-        end = time.monotonic() + 15  # the worker's heartbeat connects after its first 2 s
+        end = time.monotonic() + scaled(15)  # the worker's heartbeat connects after its first 2 s
         while time.monotonic() < end:
             before = backends(database, app_name, proc.pid)
             pooled = pool_open(url)

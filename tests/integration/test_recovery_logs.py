@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
 import pytest
 
+from tests import deadlines
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.worker import Worker
@@ -21,11 +21,7 @@ from turnlog.projections.catch_up import catch_up
 
 
 def poll(check: Callable[[], Any], deadline: float, what: str) -> Any:
-    end = time.monotonic() + deadline
-    while not (found := check()):
-        assert time.monotonic() < end, f"{what}: not within {deadline}s"
-        time.sleep(0.05)
-    return found
+    return deadlines.poll(check, deadline, what)
 
 
 def orphan_a_side_effecting_call(runtime: Runtime) -> tuple[UUID, str]:
