@@ -36,7 +36,7 @@ from turnlog.application.tool_errors import (
     shorten,
     without_paths,
 )
-from turnlog.application.tools import ToolContext, ToolError, ToolRegistry
+from turnlog.application.tools import ToolContext, ToolError, ToolOutcomeUnknown, ToolRegistry
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
@@ -296,6 +296,8 @@ class Executor:
         # no one claimed the turn meanwhile; otherwise the result is not ours to record.
         lease.check()
         session = current[0]
+        if outcome == "unknown":
+            return self._outcome_unknown(session, turn_id, claim, effect, str(value))
         if outcome == "succeeded":
             return self._write(
                 session,
@@ -309,6 +311,24 @@ class Executor:
                 turn_id, claim, call_id, attempt, self._public_error(str(value), context.sandbox)
             ),
         )
+
+    def _outcome_unknown(
+        self, session: Session, turn_id: str, claim: int, effect: Effect, reason: str
+    ) -> Session:
+        """The tool's other side died mid-call: the rules for an owner that died mid-call.
+
+        The call stays in flight. A call safe to repeat is run again by the
+        loop's next step (attempts bounded); any other interrupts the turn
+        until an operator says what happened.
+        """
+        log.warning("tool call outcome unknown: %s", shorten(reason, MAX_ERROR_CHARS))
+        if effect.safe_to_repeat:
+            return session
+        interrupted = self._write(
+            session, claim, lambda s: s.interrupt_turn(turn_id, self.worker_id, self.worker_id)
+        )
+        self.observer.turn_ended("interrupted")
+        return interrupted
 
     def _context(
         self,
@@ -363,6 +383,8 @@ class Executor:
             return "succeeded", value
         except ToolError as exc:
             return "failed", str(exc)
+        except ToolOutcomeUnknown as exc:
+            return "unknown", str(exc)
         except LeaseLost:
             # Reporting a spawned process found the turn no longer ours: not the
             # tool's failure, and nothing more may be recorded under this claim.

@@ -57,6 +57,14 @@ class ToolError(Exception):
     """The tool refused its arguments or failed; recorded as ToolCallFailed."""
 
 
+class ToolOutcomeUnknown(Exception):
+    """The tool's other side went away mid-call (an MCP server died): it may have acted or not.
+
+    The call stays in flight, as if its owner had died: a read_only or
+    idempotent call runs again, a side_effecting one interrupts the turn.
+    """
+
+
 def _ignore_process(process: ToolProcess) -> None:
     return None
 

@@ -15,6 +15,7 @@ from turnlog.application import database
 from turnlog.application.command_tools import add_declared_tools, read_tools_file, shell_tool
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution import Executor
+from turnlog.application.mcp_tools import add_mcp_tools
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
 from turnlog.application.processes import unsupported_reason
 from turnlog.application.providers import FixtureProvider, ProviderRegistry
@@ -54,6 +55,8 @@ def build_tools(settings: Settings) -> ToolRegistry:
         tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
     if settings.tools_file is not None:
         add_declared_tools(tools, settings.tools_file, settings.tool_output_bytes)
+        # Each MCP server is started once here to list its tools (refused if it cannot).
+        add_mcp_tools(tools, read_tools_file(settings.tools_file), settings.tools_file)
     for tool in load_modules(modules, settings.tool_output_bytes):
         try:
             tools.add(tool)

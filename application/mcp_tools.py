@@ -1,0 +1,410 @@
+"""Tools offered by MCP servers (Model Context Protocol), declared in the tools file.
+
+Each ``[[mcp_servers]]`` entry names a server reached over stdio (``command``:
+an argv started as a process) or streamable HTTP (``url``, on an allowed host:
+loopback unless ``allowed_hosts`` says more). At start-up every process that
+builds its tools connects to each server once and lists its tools; a server
+that cannot start, a tool without an input schema, or two tools with one name
+stop the process there, naming the cause. Each tool is offered as
+``<prefix><tool>`` (prefix ``<server>_`` unless given), so sessions choose MCP
+tools by those names like any other.
+
+Effect class: the tools file's (``[mcp_servers.tools.<tool>] effect = …``),
+else the server's annotations (``readOnlyHint`` → read_only,
+``idempotentHint`` → idempotent), else side_effecting — never assumed safe.
+
+Each call opens its own connection (a fresh server process, for stdio) on an
+event loop of its own, bounded by the tool's timeout: a call that overruns is
+cut off with its server process and fails. Arguments are checked against the
+tool's input schema before anything starts. The call's idempotency key travels
+in the request's ``_meta`` (``turnlog/idempotency_key``, with the session,
+call id and attempt). A connection that breaks while the call is in flight (the
+server died) leaves the outcome unknown: ``ToolOutcomeUnknown``, which the
+executor treats like an owner's death — re-run a read_only or idempotent call,
+interrupt the turn for a side_effecting one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from turnlog.application.errors import ConfigurationError
+from turnlog.application.tools import (
+    ToolContext,
+    ToolError,
+    ToolOutcomeUnknown,
+    ToolRegistry,
+    ToolSpec,
+    check_arguments,
+    check_parameters_schema,
+)
+from turnlog.domain.turns import Effect
+
+DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 3600.0
+START_TIMEOUT = 30.0  # connecting and listing at start-up
+SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+META_PREFIX = "turnlog/"
+_SERVER_KEYS = {
+    "name",
+    "command",
+    "url",
+    "env",
+    "cwd",
+    "prefix",
+    "timeout_seconds",
+    "allowed_hosts",
+    "tools",
+}
+_TOOL_KEYS = {"effect", "timeout_seconds"}
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """One ``[[mcp_servers]]`` entry: where the server is and what the file says of its tools."""
+
+    name: str
+    command: tuple[str, ...] = ()
+    url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    prefix: str = ""
+    timeout: float = DEFAULT_TIMEOUT
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"MCP server {self.name!r}"
+
+
+@dataclass(frozen=True)
+class McpTool:
+    """A tool of an MCP server: each call a connection of its own, bounded by ``timeout``."""
+
+    spec: ToolSpec
+    server: McpServer
+    remote_name: str
+    timeout: float = DEFAULT_TIMEOUT
+
+    def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
+        check_arguments(self.spec, arguments)  # before anything starts
+        meta = {
+            f"{META_PREFIX}idempotency_key": context.idempotency_key,
+            f"{META_PREFIX}session_id": context.session_id,
+            f"{META_PREFIX}call_id": context.call_id,
+            f"{META_PREFIX}attempt": context.attempt,
+        }
+        try:
+            result = asyncio.run(asyncio.wait_for(self._call(arguments, meta), self.timeout))
+        except TimeoutError:
+            raise ToolError(
+                f"{self.spec.name}: no answer within {self.timeout:g}s (timeout); "
+                "its connection and server process were closed"
+            ) from None
+        return _result(self.spec.name, result)
+
+    async def _call(self, arguments: dict[str, Any], meta: dict[str, Any]) -> Any:
+        from mcp.shared.exceptions import McpError
+        from mcp.types import CONNECTION_CLOSED
+
+        refused: McpError | None = None
+        try:
+            async with connected(self.server) as session:
+                try:
+                    return await session.call_tool(self.remote_name, arguments, meta=meta)
+                except McpError as exc:
+                    # Raised after the connection is closed: inside it, the SDK's
+                    # task groups would wrap it in an exception group.
+                    refused = exc
+        except (OSError, EOFError, BaseExceptionGroup) as exc:
+            if _cancelling():
+                # The timeout cut the call off; closing the connection raised on the way.
+                raise asyncio.CancelledError from None
+            cause = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            raise ToolOutcomeUnknown(f"{self.server}: connection lost: {cause}") from None
+        assert refused is not None
+        if refused.error.code == CONNECTION_CLOSED:
+            # The request was sent; whether the server acted before it went away is unknown.
+            raise ToolOutcomeUnknown(f"{self.server}: {refused.error.message}")
+        raise ToolError(f"{self.spec.name}: {refused.error.message}")
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    inner: BaseException = group
+    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
+        inner = inner.exceptions[0]
+    return inner
+
+
+def _result(name: str, result: Any) -> Any:
+    """A CallToolResult as a stored result: structured content, else the text, else the parts."""
+    parts = [p.model_dump(mode="json", exclude_none=True) for p in result.content]
+    texts = [p.get("text", "") for p in parts if p.get("type") == "text"]
+    if result.isError:
+        raise ToolError(f"{name}: " + ("\n".join(texts) or "the server reported an error"))
+    if result.structuredContent is not None:
+        return result.structuredContent
+    if len(parts) == 1 and len(texts) == 1:
+        return texts[0]
+    return parts
+
+
+@asynccontextmanager
+async def connected(server: McpServer, errlog: TextIO | None = None) -> AsyncIterator[Any]:
+    """An initialised ``ClientSession`` with the server, closed (its process too) on exit.
+
+    A stdio server's stderr goes to ``errlog`` (default: nowhere), never to our logs.
+    """
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    async with contextlib.AsyncExitStack() as stack:
+        if server.url:
+            from mcp.client.streamable_http import streamablehttp_client
+
+            read, write, _ = await stack.enter_async_context(streamablehttp_client(server.url))
+        else:
+            params = StdioServerParameters(
+                command=server.command[0],
+                args=list(server.command[1:]),
+                # None: the SDK's minimal environment (no TURNLOG_* settings, no keys).
+                env=server.env or None,
+                cwd=server.cwd,
+            )
+            errors = errlog or stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=errors))
+        session = await stack.enter_async_context(ClientSession(read, write))
+        await session.initialize()
+        yield session
+
+
+# ------------------------------------------------------------ start-up
+
+
+def add_mcp_tools(registry: ToolRegistry, data: Any, source: Path) -> None:
+    """Discover the tools of every ``[[mcp_servers]]`` entry and add them, or refuse."""
+    entries = data.get("mcp_servers", []) if isinstance(data, dict) else []
+    if not isinstance(entries, list):
+        raise ConfigurationError(f"tools file {source}: mcp_servers must be a list of tables")
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        try:
+            server = parse_server(entry)
+        except ValueError as exc:
+            raise ConfigurationError(f"tools file {source}: mcp_servers[{index}]: {exc}") from None
+        if server.name in seen:
+            raise ConfigurationError(f"tools file {source}: two MCP servers named {server.name!r}")
+        seen.add(server.name)
+        for tool in discover(server):
+            try:
+                registry.add(tool)
+            except ValueError as exc:
+                raise ConfigurationError(f"{server}: {exc}") from None
+
+
+def parse_server(entry: Any) -> McpServer:
+    if not isinstance(entry, dict):
+        raise ValueError("each MCP server must be a table (object)")
+    unknown = sorted(set(entry) - _SERVER_KEYS)
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}; allowed: {sorted(_SERVER_KEYS)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
+        raise ValueError(
+            "name must be 1-32 lowercase letters, digits or '_', starting with a letter"
+        )
+    command, url = entry.get("command"), entry.get("url")
+    if (command is None) == (url is None):
+        raise ValueError(f"MCP server {name!r}: give either command (stdio) or url (HTTP)")
+    if command is not None and (
+        not isinstance(command, list)
+        or not command
+        or not all(isinstance(c, str) and c for c in command)
+    ):
+        raise ValueError(f"MCP server {name!r}: command must be a non-empty list of strings")
+    if url is not None:
+        _check_url(name, url, entry.get("allowed_hosts", list(LOOPBACK)))
+    env = entry.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"MCP server {name!r}: env must map names to strings")
+    prefix = entry.get("prefix", f"{name}_")
+    if not isinstance(prefix, str):
+        raise ValueError(f"MCP server {name!r}: prefix must be a string")
+    tools = entry.get("tools", {})
+    if not isinstance(tools, dict):
+        raise ValueError(f"MCP server {name!r}: tools must be a table of tool names")
+    for tool, options in tools.items():
+        _check_tool_options(name, tool, options)
+    cwd = entry.get("cwd")
+    return McpServer(
+        name=name,
+        command=tuple(command or ()),
+        url=url or "",
+        env=dict(env),
+        cwd=str(cwd) if cwd is not None else None,
+        prefix=prefix,
+        timeout=_timeout(name, entry.get("timeout_seconds", DEFAULT_TIMEOUT)),
+        tools=tools,
+    )
+
+
+def _check_url(name: str, url: Any, allowed: Any) -> None:
+    if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https"):
+        raise ValueError(f"MCP server {name!r}: url must be an http(s) URL")
+    if not isinstance(allowed, list) or not all(isinstance(h, str) for h in allowed):
+        raise ValueError(f"MCP server {name!r}: allowed_hosts must be a list of host names")
+    host = (urlsplit(url).hostname or "").lower()
+    if host not in {h.lower() for h in allowed}:
+        raise ValueError(
+            f"MCP server {name!r}: host {host!r} is not in allowed_hosts {allowed}"
+            " (loopback only unless the file allows more)"
+        )
+
+
+def _check_tool_options(server: str, tool: Any, options: Any) -> None:
+    if not isinstance(options, dict):
+        raise ValueError(f"MCP server {server!r}: tools.{tool} must be a table")
+    unknown = sorted(set(options) - _TOOL_KEYS)
+    if unknown:
+        raise ValueError(f"MCP server {server!r}: tools.{tool}: unknown keys {unknown}")
+    if "effect" in options and options["effect"] not in {e.value for e in Effect}:
+        raise ValueError(
+            f"MCP server {server!r}: tools.{tool}: effect must be one of "
+            f"{sorted(e.value for e in Effect)}"
+        )
+    if "timeout_seconds" in options:
+        _timeout(server, options["timeout_seconds"])
+
+
+def _timeout(server: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_TIMEOUT
+    ):
+        raise ValueError(f"MCP server {server!r}: timeout_seconds must be in (0, {MAX_TIMEOUT:g}]")
+    return float(value)
+
+
+def discover(server: McpServer) -> list[McpTool]:
+    """Connect once and list the server's tools, as turnlog tools; refuse what cannot be used."""
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
+        try:
+            listed = asyncio.run(asyncio.wait_for(_list(server, errlog), START_TIMEOUT))
+        except TimeoutError:
+            raise ConfigurationError(
+                f"{server} did not answer within {START_TIMEOUT:g}s at start-up{_tail(errlog)}"
+            ) from None
+        except Exception as exc:  # every way of not starting is refused, with its cause
+            cause = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
+            raise ConfigurationError(
+                f"{server} could not start: {_describe(cause)}{_tail(errlog)}"
+            ) from None
+    return _tools(server, listed)
+
+
+def _tail(errlog: TextIO) -> str:
+    errlog.seek(0)
+    lines = [line.strip() for line in errlog.read()[-2000:].splitlines() if line.strip()]
+    return f" (its stderr ends: {lines[-1][:300]!r})" if lines else ""
+
+
+class _RawListing(BaseModel):
+    """A tools/list answer read as plain JSON, so a tool without a schema can be named."""
+
+    model_config = ConfigDict(extra="allow")
+    tools: list[dict[str, Any]]
+    nextCursor: str | None = None
+
+
+async def _list(server: McpServer, errlog: TextIO) -> list[dict[str, Any]]:
+    from mcp.types import ClientRequest, ListToolsRequest, PaginatedRequestParams
+
+    tools: list[dict[str, Any]] = []
+    async with connected(server, errlog) as session:
+        cursor: str | None = None
+        while True:
+            params = PaginatedRequestParams(cursor=cursor) if cursor else None
+            request = ClientRequest(ListToolsRequest(params=params))
+            listing = await session.send_request(request, _RawListing)
+            tools += listing.tools
+            cursor = listing.nextCursor
+            if not cursor:
+                return tools
+
+
+def _tools(server: McpServer, listed: Sequence[dict[str, Any]]) -> list[McpTool]:
+    names = [str(t.get("name", "")) for t in listed]
+    doubled = sorted({n for n in names if names.count(n) > 1})
+    if doubled:
+        raise ConfigurationError(f"{server} lists two tools named {doubled[0]!r}")
+    unknown = sorted(set(server.tools) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            f"{server}: the tools file names tools it does not list: {unknown}"
+        )
+    return [_tool(server, entry) for entry in listed]
+
+
+def _tool(server: McpServer, entry: dict[str, Any]) -> McpTool:
+    remote = str(entry.get("name", ""))
+    name = server.prefix + remote
+    if not TOOL_NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"{server}: tool {remote!r} would be offered as {name!r}, not 1-64 letters, "
+            "digits, '_' or '-'"
+        )
+    schema = entry.get("inputSchema")
+    if schema is None:
+        raise ConfigurationError(f"{server}: tool {remote!r} has no input schema (inputSchema)")
+    try:
+        check_parameters_schema(schema)
+    except ValueError as exc:
+        raise ConfigurationError(f"{server}: tool {remote!r}: input schema: {exc}") from None
+    options = server.tools.get(remote, {})
+    description = entry.get("description") or entry.get("title") or f"{remote} ({server.name})"
+    return McpTool(
+        spec=ToolSpec(name, str(description), dict(schema), _effect(options, entry)),
+        server=server,
+        remote_name=remote,
+        timeout=float(options.get("timeout_seconds", server.timeout)),
+    )
+
+
+def _effect(options: dict[str, Any], entry: dict[str, Any]) -> Effect:
+    """The file's effect, else the annotations', else side_effecting."""
+    if "effect" in options:
+        return Effect(options["effect"])
+    annotations = entry.get("annotations") or {}
+    if isinstance(annotations, dict):
+        if annotations.get("readOnlyHint") is True:
+            return Effect.READ_ONLY
+        if annotations.get("idempotentHint") is True:
+            return Effect.IDEMPOTENT
+    return Effect.SIDE_EFFECTING
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError | PermissionError):
+        return f"{type(exc).__name__}: {text}"
+    return json.dumps(text)[1:-1][:300]

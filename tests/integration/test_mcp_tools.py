@@ -1,0 +1,287 @@
+"""MCP servers as tool sources: discovery, effect classes, _meta, arguments, timeouts, deaths.
+
+The server is ``tests/mcp_server.py`` (the ``mcp`` package's server API, over
+stdio), declared in a tools file. The fixture provider calls its tools
+(``/tool NAME {json}``) through the agent loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from tests.api.conftest import eventually
+from tests.conftest import ROOT, raw_events, turnlog_env
+from tests.deadlines import scaled
+from turnlog.application.database import Database
+from turnlog.application.errors import ConfigurationError
+from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
+from turnlog.application.tools import idempotency_key
+from turnlog.domain.turns import Effect
+from turnlog.interface.bootstrap import build_runtime, build_tools
+
+SERVER = [sys.executable, "-m", "tests.mcp_server"]
+
+
+def server_entry(name: str, *, command: list[str] | None = None, **more: Any) -> str:
+    lines = ["[[mcp_servers]]", f"name = {json.dumps(name)}", f"cwd = {json.dumps(str(ROOT))}"]
+    if "url" not in more:
+        lines.append(f"command = {json.dumps(command or SERVER)}")
+    tools = more.pop("tools", {})
+    lines += [f"{key} = {json.dumps(value)}" for key, value in more.items()]
+    for tool, options in tools.items():
+        lines.append(f"[mcp_servers.tools.{tool}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+    return "\n".join(lines) + "\n"
+
+
+def tools_file(tmp_path: Path, *entries: str) -> Path:
+    path = tmp_path / "tools.toml"
+    path.write_text("\n".join(entries))
+    return path
+
+
+STANDARD = (
+    server_entry("demo", tools={"hang": {"timeout_seconds": 1}}),
+    # The same server again, its side-effecting tools declared read_only by the file.
+    server_entry(
+        "ro",
+        tools={"slow_once": {"effect": "read_only"}, "crash_once": {"effect": "read_only"}},
+    ),
+)
+
+
+@pytest.fixture
+def mcp_settings(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.model_copy(update={"tools_file": tools_file(tmp_path, *STANDARD)})
+
+
+@pytest.fixture
+def mcp_runtime(mcp_settings: Settings) -> Iterator[Runtime]:
+    rt = build_runtime(mcp_settings)
+    yield rt
+    rt.close()
+
+
+def ask(rt: Runtime, name: str, arguments: dict[str, Any]) -> tuple[UUID, Any]:
+    session_id = rt.sessions.create_session(tools=rt.executor.tools.names()).session_id
+    turn = rt.send(session_id, f"/tool {name} {json.dumps(arguments)}").turn
+    return session_id, turn
+
+
+def topics(database: Database, namespace: str, session_id: UUID) -> list[str]:
+    return [r[3].split(".")[2] for r in raw_events(database, namespace, session_id)]
+
+
+# ------------------------------------------------------------ discovery
+
+
+def test_a_servers_tools_are_discovered_with_schemas_and_effect_classes(
+    mcp_settings: Settings,
+) -> None:
+    tools = build_tools(mcp_settings)
+    specs = {s.name: s for s in tools.specs([]) if s.name.startswith(("demo_", "ro_"))}
+
+    assert {n for n in specs if n.startswith("demo_")} == {
+        "demo_echo", "demo_meta", "demo_store", "demo_append", "demo_hang", "demo_crash_once",
+        "demo_slow_once",
+    }  # fmt: skip
+    effects = {name: spec.effect for name, spec in specs.items()}
+    assert effects["demo_echo"] is Effect.READ_ONLY  # readOnlyHint
+    assert effects["demo_store"] is Effect.IDEMPOTENT  # idempotentHint
+    assert effects["demo_append"] is Effect.SIDE_EFFECTING  # no annotation: never assumed safe
+    assert effects["ro_slow_once"] is Effect.READ_ONLY  # the tools file wins
+    echo = specs["demo_echo"]
+    assert echo.description == "Return the text."
+    assert echo.parameters["properties"]["text"]["type"] == "string"
+    assert echo.parameters["required"] == ["text"]
+
+
+def test_a_call_runs_on_the_server_and_its_answer_is_the_result(mcp_runtime: Runtime) -> None:
+    _, turn = ask(mcp_runtime, "demo_echo", {"text": "over stdio"})
+    # The server's structured content when it gives one (FastMCP wraps a str as "result").
+    assert turn.state == "completed"
+    assert turn.reply == 'Tool demo_echo returned: {"result": "over stdio"}'
+
+
+def test_the_idempotency_key_travels_in_the_requests_meta(mcp_runtime: Runtime) -> None:
+    session_id, turn = ask(mcp_runtime, "demo_meta", {})
+    meta = json.loads(turn.reply.removeprefix("Tool demo_meta returned: "))
+    [call_id] = turn.steps[0].call_ids
+    namespace = mcp_runtime.settings.namespace
+    assert meta["turnlog/idempotency_key"] == idempotency_key(namespace, str(session_id), call_id)
+    assert (meta["turnlog/call_id"], meta["turnlog/attempt"]) == (call_id, 1)
+
+
+def test_arguments_are_checked_against_the_input_schema_before_anything_runs(
+    mcp_runtime: Runtime, tmp_path: Path
+) -> None:
+    target = tmp_path / "never.txt"
+    _, turn = ask(mcp_runtime, "demo_append", {"path": str(target), "text": 7})
+    assert "demo_append: invalid arguments" in turn.reply and "text" in turn.reply
+    _, turn = ask(mcp_runtime, "demo_append", {"text": "no path"})
+    assert "missing required argument 'path'" in turn.reply
+    assert not Path(f"{target}.started").exists()  # the server never saw the call
+
+
+def test_a_hanging_tool_is_bounded_by_its_timeout(mcp_runtime: Runtime) -> None:
+    started = time.monotonic()
+    _, turn = ask(mcp_runtime, "demo_hang", {"seconds": 120})
+    assert "demo_hang: no answer within 1s (timeout)" in turn.reply
+    assert time.monotonic() - started < scaled(30)
+
+
+def test_a_tool_reporting_an_error_fails_the_call(mcp_runtime: Runtime) -> None:
+    _, turn = ask(mcp_runtime, "demo_store", {"path": "/nonexistent/dir/file", "value": "v"})
+    assert turn.state == "completed"
+    assert "Tool demo_store returned: error: demo_store:" in turn.reply
+
+
+# ------------------------------------------------------- bad servers
+
+
+@pytest.mark.parametrize(
+    ("entries", "cause"),
+    [
+        (
+            [server_entry("gone", command=["/nonexistent/mcp-server"])],
+            "MCP server 'gone' could not start: FileNotFoundError",
+        ),
+        (
+            [server_entry("quits", command=[sys.executable, "-c", "import sys; sys.exit(2)"])],
+            "MCP server 'quits' could not start",
+        ),
+        (
+            [server_entry("loose", command=[*SERVER, "raw", "no-schema"])],
+            "MCP server 'loose': tool 'loose' has no input schema",
+        ),
+        (
+            [server_entry("twins", command=[*SERVER, "raw", "duplicate"])],
+            "MCP server 'twins' lists two tools named 'twin'",
+        ),
+        (
+            [server_entry("one", prefix="x_"), server_entry("two", prefix="x_")],
+            "MCP server 'two': tool 'x_echo' is declared twice",
+        ),
+        (
+            [server_entry("far", url="http://example.com/mcp")],
+            "host 'example.com' is not in allowed_hosts",
+        ),
+        (
+            [server_entry("typo", tools={"nope": {"effect": "read_only"}})],
+            "the tools file names tools it does not list: \\['nope'\\]",
+        ),
+    ],
+    ids=["no-such-command", "exits", "no-schema", "duplicate", "clash", "host", "unknown-tool"],
+)
+def test_a_server_that_cannot_be_used_is_refused_at_start_up_naming_the_cause(
+    settings: Settings, tmp_path: Path, entries: list[str], cause: str
+) -> None:
+    path = tools_file(tmp_path, *entries)
+    with pytest.raises(ConfigurationError, match=cause):
+        build_tools(settings.model_copy(update={"tools_file": path}))
+
+
+# --------------------------------------------------- deaths mid-call
+
+
+def test_a_server_dying_mid_call_interrupts_the_turn_of_a_side_effecting_tool(
+    mcp_runtime: Runtime, database: Database, tmp_path: Path
+) -> None:
+    session_id, turn = ask(mcp_runtime, "demo_crash_once", {"path": str(tmp_path / "crash")})
+    assert turn.state == "interrupted"
+    assert topics(database, mcp_runtime.settings.namespace, session_id)[-2:] == [
+        "ToolCallStarted",
+        "TurnInterrupted",
+    ]
+
+
+def test_a_server_dying_mid_call_runs_a_read_only_tool_again(
+    mcp_runtime: Runtime, database: Database, tmp_path: Path
+) -> None:
+    session_id, turn = ask(mcp_runtime, "ro_crash_once", {"path": str(tmp_path / "crash")})
+    assert turn.reply == 'Tool ro_crash_once returned: {"result": "survived"}'
+    started = [
+        t
+        for t in topics(database, mcp_runtime.settings.namespace, session_id)
+        if t == "ToolCallStarted"
+    ]
+    assert len(started) == 2  # attempt 1 died with its server; attempt 2 answered
+
+
+# ------------------------------------------------ the worker killed mid-call
+
+
+def _kill_mid_call(settings: Settings, tool: str, target: Path) -> str:
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file))
+    created = subprocess.run(
+        [sys.executable, "-m", "turnlog", "sessions", "new"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    session_id = created.stdout.strip()
+    arguments = {"path": str(target), "text": "written", "delay": 60}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnlog", "sessions", "send", session_id,
+         f"/tool {tool} {json.dumps(arguments)}"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    marker = Path(f"{target}.started")
+    try:
+        eventually(lambda: marker.exists() and marker.read_text(), deadline=90)  # in the call
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    # The orphaned server would write when its delay ends: end it, as an operator would.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+    return session_id
+
+
+def _send(settings: Settings, session_id: str, message: str) -> subprocess.CompletedProcess[str]:
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file))
+    return subprocess.run(
+        [sys.executable, "-m", "turnlog", "sessions", "send", session_id, message],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=180,
+    )  # fmt: skip
+
+
+@pytest.mark.fault
+def test_a_read_only_mcp_tool_whose_worker_was_killed_mid_call_is_run_again(
+    mcp_settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    target = tmp_path / "ro.txt"
+    session_id = _kill_mid_call(mcp_settings, "ro_slow_once", target)
+
+    done = _send(mcp_settings, session_id, '/tool demo_echo {"text": "next"}')
+
+    assert done.returncode == 0, done.stderr
+    kinds = topics(database, mcp_settings.namespace, UUID(session_id))
+    assert kinds.count("ToolCallStarted") == 3  # killed attempt, its re-run, the next turn's
+    assert "TurnInterrupted" not in kinds
+    assert target.read_text() == "written\n"  # the re-run wrote; the killed attempt never did
+
+
+@pytest.mark.fault
+def test_a_side_effecting_mcp_tool_whose_worker_was_killed_mid_call_leaves_it_unknown(
+    mcp_settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    session_id = _kill_mid_call(mcp_settings, "demo_slow_once", tmp_path / "se.txt")
+
+    done = _send(mcp_settings, session_id, "hello")
+
+    assert done.returncode == 3, done.stderr  # refused: the turn is interrupted
+    kinds = topics(database, mcp_settings.namespace, UUID(session_id))
+    assert kinds[-1] == "TurnInterrupted" and kinds.count("ToolCallStarted") == 1
