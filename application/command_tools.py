@@ -49,7 +49,8 @@ DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
 _ENTRY_KEYS = {"name", "description", "parameters", "effect", "command", "timeout_seconds"}
-# Sections of the tools file read elsewhere: Python tool modules (python_tools).
+# Sections of the tools file read elsewhere: Python tool modules (python_tools), MCP
+# servers (mcp_tools).
 OTHER_SECTIONS = {"modules", "mcp_servers"}
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
