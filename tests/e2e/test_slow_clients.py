@@ -90,6 +90,7 @@ def test_a_connection_that_never_finishes_its_headers_is_closed(served: Cluster)
     with connect(served) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         answer, seconds = read_until_closed(sock, HEADER_TIMEOUT + slack())
+    print(f"unfinished headers: 408 and closed after {seconds:.2f} s (timeout {HEADER_TIMEOUT} s)")
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert seconds >= HEADER_TIMEOUT * 0.9
 
@@ -108,6 +109,7 @@ def test_a_declared_body_that_never_arrives_is_answered_408_and_closed(served: C
             b"content-length: 1000\r\n\r\n" + b'{"title": "'
         )
         answer, seconds = read_until_closed(sock, BODY_TIMEOUT + slack())
+    print(f"missing body: 408 and closed after {seconds:.2f} s (timeout {BODY_TIMEOUT} s)")
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert seconds >= BODY_TIMEOUT * 0.9
     after = len(raw_events(served.database, served.settings.namespace))

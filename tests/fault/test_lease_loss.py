@@ -12,6 +12,7 @@ happens once.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,12 +69,14 @@ def test_a_worker_whose_lease_connection_is_killed_takes_it_back_and_records_its
     worker = c.worker("w1")
     session_id, turn_id, backend = start_append(c)
     c.terminate_backend(backend)
+    killed = time.monotonic()
     # Taken back at once, while the tool is still in its delay.
     retaken = poll(
         lambda: (pid := c.lease_backend(session_id)) not in (None, backend) and pid,
         DELAY / 2,
         "the lease taken back on a new connection",
     )
+    print(f"lease taken back {time.monotonic() - killed:.3f} s after its backend was terminated")
     assert "ToolCallSucceeded" not in c.topics(session_id), "the tool ended before the retake"
     turn = ended(c, session_id, turn_id)
     assert turn["state"] == "completed", turn
