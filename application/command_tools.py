@@ -17,6 +17,13 @@ A tools file (``TURNLOG_TOOLS_FILE``, TOML or JSON) declares ``tools``, each
 with ``name``, ``description``, ``parameters`` (a JSON schema of an object),
 ``effect`` (read_only, idempotent, side_effecting), ``command`` and optionally
 ``timeout_seconds``. A bad file is refused when the process starts.
+
+A declaration may add a ``probe``: an argv template with the same rules,
+run in the same sandbox with the same environment (and the intent's
+pre-state in ``TURNLOG_PROBE_PRE_STATE``) when recovery finds the call in
+flight after its owner died; ``probe_timeout_seconds`` bounds it and
+``rerun_when_not_applied`` lets a ``not_applied`` answer run the call again
+(application/probes.py has the answer's contract).
 """
 
 from __future__ import annotations
@@ -32,6 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.probes import (
+    DEFAULT_PROBE_TIMEOUT,
+    ProbeReport,
+    parse_answer,
+    unknown,
+)
 from turnlog.application.processes import run_command
 from turnlog.application.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
 from turnlog.application.tools import (
@@ -43,12 +56,14 @@ from turnlog.application.tools import (
     check_arguments,
     check_parameters_schema,
 )
-from turnlog.domain.turns import Effect
+from turnlog.domain.turns import Effect, ToolProcess
 
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
 _ENTRY_KEYS = {"name", "description", "parameters", "effect", "command", "timeout_seconds"}
+# A declaration's probe (application/probes.py).
+_ENTRY_KEYS |= {"probe", "probe_timeout_seconds", "rerun_when_not_applied"}
 # Sections of the tools file read elsewhere: Python tool modules (python_tools), MCP
 # servers (mcp_tools).
 OTHER_SECTIONS = {"modules", "mcp_servers"}
@@ -76,6 +91,7 @@ class CommandTool:
     command: tuple[str, ...]
     timeout: float = DEFAULT_TIMEOUT
     output_limit: int = 16 * 1024
+    prober: CommandProber | None = None
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
@@ -105,6 +121,47 @@ class CommandTool:
             "stderr": result.stderr,
             "truncated": result.truncated,
         }
+
+
+@dataclass(frozen=True)
+class CommandProber:
+    """A declared tool's probe: an argv template run like the command, answering on stdout."""
+
+    command: tuple[str, ...]
+    timeout: float = DEFAULT_PROBE_TIMEOUT
+    rerun_when_not_applied: bool = False
+    output_limit: int = 16 * 1024
+
+    def prepare(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
+        return {}  # a command cannot record anything before the intent is written
+
+    def probe(
+        self, arguments: dict[str, Any], context: ToolContext, pre_state: dict[str, Any]
+    ) -> ProbeReport:
+        argv = render_command(self.command, arguments)
+        env = command_env(context) | {
+            "TURNLOG_PROBE": "1",
+            "TURNLOG_PROBE_PRE_STATE": json.dumps(pre_state),
+            "TURNLOG_TOOL_ARGUMENTS": json.dumps(arguments),
+        }
+        try:
+            with sandbox_dir(context.sandbox) as fd:
+                result = run_command(
+                    argv,
+                    cwd=descriptor_path(fd, context.sandbox),
+                    env=env,
+                    timeout=self.timeout,
+                    output_limit=self.output_limit,
+                    report=_unrecorded,  # a probe changes nothing: its process is not recorded
+                )
+        except SandboxPathError as exc:
+            return unknown(f"the sandbox cannot be entered: {exc}")
+        code = None if result.timed_out else result.exit_code
+        return parse_answer(code, result.stdout, result.stderr, self.timeout)
+
+
+def _unrecorded(process: ToolProcess) -> None:
+    return None
 
 
 def shell_tool(timeout: float, output_limit: int) -> CommandTool:
@@ -239,7 +296,28 @@ def _declared_tool(entry: Any, output_limit: int) -> CommandTool:
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(f"timeout_seconds must be more than 0 and at most {MAX_TIMEOUT:g}")
     spec = ToolSpec(name, description.strip(), parameters, Effect(effect))
-    return CommandTool(spec, command, float(timeout), output_limit)
+    return CommandTool(spec, command, float(timeout), output_limit, _prober(entry, parameters))
+
+
+def _prober(entry: dict[str, Any], parameters: dict[str, Any]) -> CommandProber | None:
+    """The declaration's probe, or None; the probe's options without a probe are refused."""
+    if "probe" not in entry:
+        if {"probe_timeout_seconds", "rerun_when_not_applied"} & set(entry):
+            raise ValueError("probe_timeout_seconds and rerun_when_not_applied need a probe")
+        return None
+    try:
+        probe = _checked_command(entry["probe"], parameters)
+    except ValueError as exc:
+        raise ValueError(f"probe: {exc}") from None
+    timeout = entry.get("probe_timeout_seconds", DEFAULT_PROBE_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise ValueError("probe_timeout_seconds must be a number")
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"probe_timeout_seconds must be more than 0 and at most {MAX_TIMEOUT:g}")
+    rerun = entry.get("rerun_when_not_applied", False)
+    if not isinstance(rerun, bool):
+        raise ValueError("rerun_when_not_applied must be true or false")
+    return CommandProber(probe, float(timeout), rerun)
 
 
 def _checked_command(command: Any, parameters: dict[str, Any]) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from uuid import UUID
 from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved
+from turnlog.application.probes import owner_identity, prober_of
 from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
 from turnlog.application.reply_deltas import DeltaHub
 from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
@@ -81,6 +82,9 @@ class Executor:
     namespace: str = "default"  # part of each tool call's idempotency key
     # Pieces of replies as they stream, for this process's live subscribers (never stored).
     deltas: DeltaHub = field(default_factory=DeltaHub)
+    # This process's identity, recorded in each intent so that recovery never
+    # probes a call while the process that ran it may still be alive.
+    owner: dict[str, Any] = field(default_factory=owner_identity)
 
     def run_turn(
         self,
@@ -271,10 +275,14 @@ class Executor:
             reason = f"tool {call.name!r} is not available in this process"
             return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
         effect = Effect(call.effect) if call.effect else tool.spec.effect
+        # What a probe will need if we die mid-call goes into the intent itself.
+        pre_state = self._pre_state(tool, session, call_id)
         attempt, _, session = self._write_result(
             session,
             claim,
-            lambda s: s.start_tool_call(turn_id, claim, call_id, self.worker_id, effect),
+            lambda s: s.start_tool_call(
+                turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
+            ),
         )
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.
@@ -329,6 +337,27 @@ class Executor:
         )
         self.observer.turn_ended("interrupted")
         return interrupted
+
+    def _pre_state(self, tool: Any, session: Session, call_id: str) -> dict[str, Any]:
+        """The tool's probe's pre-state for the attempt about to start ({} when none)."""
+        prober = prober_of(tool)
+        if prober is None:
+            return {}
+        call = session.call(call_id)
+        context = ToolContext(
+            str(session.id),
+            call_id,
+            call.attempt + 1,
+            self.sandbox_root / str(session.id),
+            namespace=self.namespace,
+        )
+        try:
+            state = json.loads(json.dumps(prober.prepare(call.arguments, context)))
+            check_storable(state, "the probe's pre-state")
+        except Exception as exc:  # no pre-state: a probe will answer unknown
+            log.warning("probe pre-state not recorded: %s", log_text(exc))
+            return {}
+        return state if isinstance(state, dict) else {}
 
     def _context(
         self,

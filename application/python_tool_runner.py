@@ -18,7 +18,12 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from turnlog.application.python_tools import ARGUMENTS_ENV, RESULT_MARK, arguments_model
+from turnlog.application.python_tools import (
+    ARGUMENTS_ENV,
+    PRE_STATE_ENV,
+    RESULT_MARK,
+    arguments_model,
+)
 
 
 def _function(module: str, qualname: str) -> Any:
@@ -28,7 +33,27 @@ def _function(module: str, qualname: str) -> Any:
     return target
 
 
+def probe(module: str, qualname: str) -> int:
+    """Run a tool's probe: ``probe(arguments, idempotency_key, pre_state)`` → its answer object."""
+    function = _function(module, qualname)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            answer = function(
+                json.loads(os.environ[ARGUMENTS_ENV]),
+                os.environ.get("TURNLOG_IDEMPOTENCY_KEY", ""),
+                json.loads(os.environ.get(PRE_STATE_ENV, "{}")),
+            )
+        text = json.dumps(to_jsonable_python(answer))
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    sys.stdout.write(f"\n{RESULT_MARK}{text}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--probe":
+        return probe(*argv[1:])
     module, qualname = argv
     function = _function(module, qualname)
     try:

@@ -18,7 +18,12 @@ start time recorded before it runs), so a tool that overruns its timeout is
 killed with its group and cannot wedge the worker, and a worker killed
 mid-call leaves the same record as for a command tool: recovery re-runs a
 ``read_only`` or ``idempotent`` tool and interrupts the turn for a
-``side_effecting`` one (the outcome is unknown).
+``side_effecting`` one (the outcome is unknown) — unless the tool declares a
+``probe`` (and probes are on): a module-level function
+``probe(arguments: dict, idempotency_key: str, pre_state: dict) -> dict``
+returning ``{"answer": "applied", "result": …}``, ``{"answer": "not_applied"}``
+or ``{"answer": "unknown", "note": …}``, run the same way in a process of
+its own, bounded by ``probe_timeout`` (application/probes.py).
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, create_model
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.probes import (
+    DEFAULT_PROBE_TIMEOUT,
+    ProbeReport,
+    parse_answer,
+    report_from,
+    unknown,
+)
 from turnlog.application.processes import run_command
 from turnlog.application.tools import ToolContext, ToolError, ToolSpec, check_arguments
 from turnlog.domain.turns import Effect
@@ -42,6 +54,7 @@ from turnlog.domain.turns import Effect
 F = TypeVar("F", bound=Callable[..., Any])
 MARK = "__turnlog_tool__"
 ARGUMENTS_ENV = "TURNLOG_TOOL_ARGUMENTS"
+PRE_STATE_ENV = "TURNLOG_PROBE_PRE_STATE"
 # The runner's last line of output: this marker, then the result as JSON. What
 # the function itself prints can never be taken for its result.
 RESULT_MARK = "\x1eturnlog-result "
@@ -58,6 +71,9 @@ class Declaration:
     timeout: float
     module: str
     function: str
+    probe: str = ""  # the probe function's qualified name in ``module`` ('' when none)
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT
+    rerun_when_not_applied: bool = False
 
 
 def tool(
@@ -66,13 +82,21 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    probe: Callable[..., Any] | None = None,
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+    rerun_when_not_applied: bool = False,
 ) -> Callable[[F], F]:
     """Offer a typed function as a tool; it is returned unchanged (still callable as is).
 
     ``effect`` decides recovery after a crash mid-call: ``read_only`` and
     ``idempotent`` tools are run again, ``side_effecting`` ones (the default)
-    are never repeated behind anyone's back.
+    are never repeated behind anyone's back. ``probe``, a module-level
+    function of the same module, settles a call left in flight from evidence.
     """
+    if probe is not None and not callable(probe):
+        raise TypeError("probe must be a function")
+    if isinstance(probe_timeout, bool) or not 0 < float(probe_timeout) <= MAX_TIMEOUT:
+        raise ValueError(f"probe_timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds")
     if effect not in ("read_only", "idempotent", "side_effecting"):
         raise ValueError(f"effect must be read_only, idempotent or side_effecting, not {effect!r}")
     if isinstance(timeout, bool) or not 0 < float(timeout) <= MAX_TIMEOUT:
@@ -88,11 +112,30 @@ def tool(
         setattr(
             function,
             MARK,
-            Declaration(spec, float(timeout), function.__module__, function.__qualname__),
+            Declaration(
+                spec,
+                float(timeout),
+                function.__module__,
+                function.__qualname__,
+                _probe_name(probe, function),
+                float(probe_timeout),
+                bool(rerun_when_not_applied),
+            ),
         )
         return function
 
     return declare
+
+
+def _probe_name(probe: Callable[..., Any] | None, function: Callable[..., Any]) -> str:
+    if probe is None:
+        return ""
+    if getattr(probe, "__module__", None) != function.__module__ or "<" in probe.__qualname__:
+        raise TypeError(
+            f"tool {function.__qualname__}: its probe must be a module-level function"
+            " of the same module"
+        )
+    return str(probe.__qualname__)
 
 
 def _description(function: Callable[..., Any]) -> str:
@@ -149,6 +192,12 @@ class PythonTool:
     def spec(self) -> ToolSpec:
         return self.declaration.spec
 
+    @property
+    def prober(self) -> PythonProber | None:
+        if not self.declaration.probe:
+            return None
+        return PythonProber(self.declaration, self.python_path)
+
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
         declared = self.declaration
@@ -158,7 +207,8 @@ class PythonTool:
             "HOME": str(context.sandbox),
             "PYTHONPATH": os.pathsep.join(self.python_path),
             "TURNLOG_SESSION_ID": context.session_id,
-            "TURNLOG_CALL_ID": context.call_id,  # the call's idempotency key
+            "TURNLOG_CALL_ID": context.call_id,  # the model's id, unique only within the session
+            "TURNLOG_IDEMPOTENCY_KEY": context.idempotency_key,
             "TURNLOG_ATTEMPT": str(context.attempt),
             ARGUMENTS_ENV: json.dumps(arguments),
         }
@@ -178,6 +228,59 @@ class PythonTool:
         return _answer(
             self.spec.name, result.exit_code, result.stdout, result.stderr, result.truncated
         )
+
+
+@dataclass(frozen=True)
+class PythonProber:
+    """A Python tool's probe function, run like the tool in a process of its own."""
+
+    declaration: Declaration
+    python_path: tuple[str, ...]
+
+    @property
+    def rerun_when_not_applied(self) -> bool:
+        return self.declaration.rerun_when_not_applied
+
+    def prepare(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
+        return {}
+
+    def probe(
+        self, arguments: dict[str, Any], context: ToolContext, pre_state: dict[str, Any]
+    ) -> ProbeReport:
+        declared = self.declaration
+        env = {
+            "PATH": os.environ.get("PATH", os.defpath),
+            "LANG": "C.UTF-8",
+            "HOME": str(context.sandbox),
+            "PYTHONPATH": os.pathsep.join(self.python_path),
+            "TURNLOG_SESSION_ID": context.session_id,
+            "TURNLOG_CALL_ID": context.call_id,
+            "TURNLOG_IDEMPOTENCY_KEY": context.idempotency_key,
+            "TURNLOG_ATTEMPT": str(context.attempt),
+            ARGUMENTS_ENV: json.dumps(arguments),
+            PRE_STATE_ENV: json.dumps(pre_state),
+        }
+        argv = [sys.executable, "-m", "turnlog.application.python_tool_runner", "--probe"]
+        result = run_command(
+            [*argv, declared.module, declared.probe],
+            cwd=context.sandbox,
+            env=env,
+            timeout=declared.probe_timeout,
+            output_limit=64 * 1024,
+            report=lambda process: None,  # a probe changes nothing: not recorded
+        )
+        if result.timed_out or result.exit_code != 0:
+            code = None if result.timed_out else result.exit_code
+            return parse_answer(code, result.stdout, result.stderr, declared.probe_timeout)
+        printed = {"stdout": result.stdout[-1000:], "stderr": result.stderr[-1000:]}
+        _, marked, text = result.stdout.rpartition(RESULT_MARK)
+        try:
+            answer = json.loads(text) if marked else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            return unknown("the probe returned no answer object", **printed)
+        return report_from(answer, printed)
 
 
 def _answer(name: str, exit_code: int | None, stdout: str, stderr: str, truncated: bool) -> Any:

@@ -9,11 +9,14 @@ The rules (DESIGN §5), decided from the stored events alone:
 - running, a read_only/idempotent call in flight → re-run it (same call id,
   attempt + 1, bounded);
 - running, a side_effecting call in flight → interrupt: its outcome is
-  unknown, and nothing runs until an operator acts.
+  unknown, and nothing runs until an operator acts — unless its tool
+  declares a probe (and probes are on): then probe first, and interrupt only
+  if the probe cannot tell (application/settling.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -28,6 +31,7 @@ class Decision(StrEnum):
     RESUME = "resume"
     RERUN = "re-run"
     INTERRUPT = "interrupt"
+    PROBE = "probe"
     FAIL = "fail"
     LEAVE_OWNER_ALIVE = "leave: owner alive"
     LEAVE_FOR_OPERATOR = "leave: waiting for an operator"
@@ -55,8 +59,14 @@ class Verdict:
         }
 
 
-def decide(session: Session, turn: Turn, owner_alive: bool, max_steps: int) -> Verdict:
-    """The recovery decision for an open turn."""
+def decide(
+    session: Session,
+    turn: Turn,
+    owner_alive: bool,
+    max_steps: int,
+    probes: Collection[str] = (),
+) -> Verdict:
+    """The recovery decision for an open turn; ``probes``: the tools whose probe recovery asks."""
 
     def verdict(decision: Decision, call_id: str = "", detail: str = "") -> Verdict:
         return Verdict(str(session.id), turn.turn_id, str(turn.state), decision, call_id, detail)
@@ -73,6 +83,10 @@ def decide(session: Session, turn: Turn, owner_alive: bool, max_steps: int) -> V
     step = next_step(session, turn, max_steps)
     if step.action is Action.INTERRUPT:
         call = session.call(step.call_id)
+        if call.name in probes:
+            return verdict(
+                Decision.PROBE, call.call_id, f"{call.name} ({call.effect}) was in flight; probe it"
+            )
         return verdict(
             Decision.INTERRUPT, call.call_id, f"{call.name} ({call.effect}) was in flight"
         )
@@ -89,6 +103,7 @@ PLANNED = {
     Decision.RESUME: "to resume",
     Decision.RERUN: "to re-run",
     Decision.INTERRUPT: "to interrupt",
+    Decision.PROBE: "to probe",
     Decision.FAIL: "to fail",
     Decision.LEAVE_OWNER_ALIVE: "left to a live owner",
     Decision.LEAVE_FOR_OPERATOR: "waiting for an operator",
@@ -98,6 +113,7 @@ DONE = PLANNED | {
     Decision.RESUME: "resumed",
     Decision.RERUN: "re-run",
     Decision.INTERRUPT: "interrupted",
+    Decision.PROBE: "probed",
     Decision.FAIL: "failed",
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -16,9 +16,11 @@ from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
 from turnlog.application.execution import Executor
 from turnlog.application.leases import Lease
+from turnlog.application.probes import prober_of
 from turnlog.application.recovery import Decision, Verdict, decide
 from turnlog.application.sessions import Sessions, Submitted, Written
 from turnlog.application.settings import Settings
+from turnlog.application.settling import settle_by_probe
 from turnlog.domain.turns import Turn
 
 log = logging.getLogger("turnlog.runtime")
@@ -72,18 +74,34 @@ class Runtime:
         turn = session.open_turn
         if turn is None:
             return None
-        verdict = decide(session, turn, owner_alive=False, max_steps=self.executor.max_steps)
+        verdict = decide(session, turn, False, self.executor.max_steps, probes=self.probed_tools())
         log.info("recovery: %s", verdict.decision, extra=verdict.as_dict())
-        if verdict.decision is Decision.INTERRUPT:
+        if verdict.decision is Decision.PROBE:
+            settled = settle_by_probe(
+                self.executor, session_id, turn.turn_id, verdict.call_id, lease
+            )
+            verdict = replace(
+                verdict,
+                detail=f"{verdict.detail}: {settled.action}"
+                f" ({settled.answer or 'no probe'}: {settled.detail})",
+            )
+            if not settled.interrupted:
+                self.executor.run_turn(session_id, turn.turn_id, lease, stop)
+        elif verdict.decision is Decision.INTERRUPT:
             previous = turn.worker_id
             by = self.executor.worker_id
-            self.sessions.update(
-                session_id, lambda s: s.interrupt_turn(turn.turn_id, previous, by)
-            )
+            self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous, by))
             self.executor.observer.turn_ended("interrupted")
         elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
             self.executor.run_turn(session_id, turn.turn_id, lease, stop)
         return verdict
+
+    def probed_tools(self) -> frozenset[str]:
+        """The tools whose probe recovery asks (none unless probes are on)."""
+        if not self.settings.probes:
+            return frozenset()
+        tools = self.executor.tools
+        return frozenset(n for n in tools.names() if prober_of(tools.get(n)) is not None)
 
     def continue_session(self, session_id: UUID) -> Verdict | None:
         """Take the lease and recover or resume whatever turn is open (after a resolve)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
@@ -101,6 +102,58 @@ def append_line(sandbox: Path, relative: str, line: str) -> str:
         finally:
             os.close(fd)
     return "/".join(parts)
+
+
+def file_state(sandbox: Path, relative: str) -> dict[str, int] | None:
+    """The size, inode and device of the file ``relative`` in ``sandbox``; None when absent.
+
+    Read-only: no directory is created, no link followed (a probe's view of a file).
+    """
+    fd = _open_existing(sandbox, relative)
+    if fd is None:
+        return None
+    try:
+        info = os.fstat(fd)
+    finally:
+        os.close(fd)
+    return {"size": info.st_size, "inode": info.st_ino, "device": info.st_dev}
+
+
+def read_at(sandbox: Path, relative: str, offset: int, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the file ``relative`` from ``offset``; None when it is absent."""
+    fd = _open_existing(sandbox, relative)
+    if fd is None:
+        return None
+    try:
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+
+
+def _open_existing(sandbox: Path, relative: str) -> int | None:
+    """A read descriptor of an existing regular file in the sandbox, or None when it is absent."""
+    parts = path_parts(relative)
+    if not os.path.lexists(sandbox):
+        return None  # no sandbox yet: nothing was ever written in it
+    try:
+        with sandbox_dir(sandbox, create=False) as top:
+            current = os.dup(top)
+            try:
+                for name in parts[:-1]:
+                    following = os.open(name, _DIR_FLAGS, dir_fd=current)
+                    os.close(current)
+                    current = following
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=current)
+            finally:
+                os.close(current)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SandboxPathError(_explain(exc, relative)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SandboxPathError(f"path {_short(relative)} is not a regular file")
+    return fd
 
 
 @contextlib.contextmanager

@@ -79,6 +79,11 @@ class Settings(BaseSettings):
     shell_timeout: float = Field(
         default=60.0, gt=0, le=3600, description="Seconds a `shell` command may run."
     )
+    probes: bool = Field(
+        default=False,
+        description="Recovery asks a tool's probe (append_file's, a declared `probe`) before"
+        " interrupting a turn whose owner died inside a side-effecting call.",
+    )
     tools_file: Path | None = Field(
         default=None, description="TOML or JSON file declaring command tools."
     )

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
+from turnlog.application.probes import AppendFileProber
 from turnlog.application.sandbox_files import SandboxPathError, append_line, path_parts
 from turnlog.domain.turns import Effect, ToolProcess
 
@@ -123,6 +124,8 @@ class FunctionTool:
 
     spec: ToolSpec
     function: Callable[[dict[str, Any], ToolContext], Any] = field(repr=False)
+    # Its probe (application/probes.py), asked by recovery when probes are on.
+    prober: Any = field(default=None, repr=False)
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
@@ -339,6 +342,7 @@ def builtin_tools() -> list[Tool]:
                 Effect.SIDE_EFFECTING,
             ),
             _append_file,
+            AppendFileProber(),
         ),
     ]
 

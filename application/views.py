@@ -31,6 +31,9 @@ def describe_call(call: ToolCall) -> dict[str, Any]:
         "note": call.note,
         "actor": call.actor,
         "processes": [dict(p) for p in call.processes],
+        "pre_state": dict(call.pre_state),
+        "probes": [dict(p) for p in call.probes],
+        "evidence": dict(call.evidence),
     }
 
 

@@ -139,7 +139,9 @@ def check_open_turns(runtime: Runtime, source: WorkSource, limit: int = 10_000) 
             if turn is None:
                 continue  # the read model lags behind a turn that just finished
             alive = owner_alive(conn, runtime.settings.namespace, session_id)
-            verdicts.append(decide(session, turn, alive, runtime.executor.max_steps))
+            verdicts.append(
+                decide(session, turn, alive, runtime.executor.max_steps, runtime.probed_tools())
+            )
     return verdicts
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from turnlog.domain.session import Session
+from turnlog.domain.session import Session, probed_not_applied
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect, Turn, TurnState
 
 
@@ -39,7 +39,11 @@ def next_step(session: Session, turn: Turn, max_steps: int) -> NextStep:
     if turn.state is not TurnState.RUNNING:
         return NextStep(Action.WAIT)
     in_flight = session.in_flight_calls(turn)
-    unsafe = [c for c in in_flight if not Effect(c.effect).safe_to_repeat]
+    # A side-effecting call a probe proved had no effect may run again (the
+    # recovering process decided so: its tool declares rerun_when_not_applied).
+    unsafe = [
+        c for c in in_flight if not Effect(c.effect).safe_to_repeat and not probed_not_applied(c)
+    ]
     if unsafe:
         return NextStep(Action.INTERRUPT, unsafe[0].call_id)
     if in_flight:

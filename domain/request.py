@@ -53,6 +53,9 @@ def tool_result_text(call: ToolCall) -> str:
         return f"error: {call.error}"
     if call.state is CallState.RESOLVED:
         prefix = "" if call.outcome == "succeeded" else "error: "
+        if call.actor.startswith("probe:"):
+            # Settled by the tool's probe after its owner died: the model is told so.
+            return f"{prefix}{_as_json(call.result)} (outcome established by the tool's probe)"
         return f"{prefix}{_as_json(call.result)} (outcome recorded by operator: {call.note})"
     if call.state is CallState.ABANDONED:
         return PLACEHOLDER_ABANDONED

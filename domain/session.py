@@ -27,6 +27,7 @@ from turnlog.domain.turns import (
     CallState,
     Effect,
     FinishedTurn,
+    ProbeAnswer,
     Step,
     ToolCall,
     ToolProcess,
@@ -404,9 +405,21 @@ class Session(Aggregate):
         return turn.steps[-1]
 
     def start_tool_call(
-        self, turn_id: str, claim: int, call_id: str, worker_id: str, effect: Effect
+        self,
+        turn_id: str,
+        claim: int,
+        call_id: str,
+        worker_id: str,
+        effect: Effect,
+        pre_state: dict[str, Any] | None = None,
+        owner: dict[str, Any] | None = None,
     ) -> int:
-        """Record the intent to run a tool call, before it runs; returns the attempt."""
+        """Record the intent to run a tool call, before it runs; returns the attempt.
+
+        ``pre_state`` is what the tool's probe will need to settle the call if
+        its owner dies mid-call (e.g. a file's size and inode); ``owner`` the
+        identity of the process that runs it, so a probe never runs while it lives.
+        """
         turn = self._claimed(turn_id, claim)
         call = self._call_of(turn, call_id)
         try:
@@ -415,8 +428,9 @@ class Session(Aggregate):
             raise errors.InvalidInput(f"unknown effect class {effect!r}") from None
         if call.state is CallState.STARTED:
             effect = Effect(call.effect)  # a re-run keeps the class it first ran under
-            # Only a safe tool may run again, and only a bounded number of times.
-            if not Effect(call.effect).safe_to_repeat:
+            # Only a safe tool may run again, or one a probe proved had no
+            # effect, and only a bounded number of times.
+            if not Effect(call.effect).safe_to_repeat and not probed_not_applied(call):
                 raise errors.InvalidTransition(
                     f"tool call {call_id} is side-effecting and already started; it cannot re-run"
                 )
@@ -424,6 +438,7 @@ class Session(Aggregate):
                 raise errors.InvalidTransition(f"tool call {call_id} has used all its attempts")
         elif call.state is not CallState.PENDING:
             raise errors.InvalidTransition(f"tool call {call_id} is {call.state}")
+        check_storable((pre_state, owner), "the call's recorded pre-state")
         self.trigger_event(
             self.ToolCallStarted,
             turn_id=turn_id,
@@ -432,6 +447,8 @@ class Session(Aggregate):
             worker_id=worker_id,
             claim=claim,
             effect=str(effect),
+            pre_state=dict(pre_state) if pre_state else None,
+            owner=dict(owner) if owner else None,
         )
         return call.attempt  # the new attempt, now recorded
 
@@ -485,7 +502,10 @@ class Session(Aggregate):
     def fail_turn(self, turn_id: str, claim: int, error: str) -> None:
         """Record that a turn ended in a known failure (provider error, step limit, bad tool)."""
         turn = self._claimed(turn_id, claim)
-        if any(c.in_flight and not Effect(c.effect).safe_to_repeat for c in self.calls_of(turn)):
+        if any(
+            c.in_flight and not Effect(c.effect).safe_to_repeat and not probed_not_applied(c)
+            for c in self.calls_of(turn)
+        ):
             raise errors.InvalidTransition(
                 "a turn with a side-effecting call in flight cannot be marked failed"
             )
@@ -596,6 +616,77 @@ class Session(Aggregate):
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         check_storable((reason, actor), "the reason")
         self.trigger_event(self.SessionClosed, reason=reason, actor=actor)
+
+    # ------------------------------------------------------------------ probes
+
+    def record_probe(
+        self,
+        turn_id: str,
+        claim: int,
+        call_id: str,
+        answer: ProbeAnswer,
+        evidence: dict[str, Any],
+        note: str,
+        duration_seconds: float,
+        prober: str,
+    ) -> None:
+        """Record one run of a tool's probe on a call whose owner died mid-call.
+
+        Only under the current claim (the recovering process claims the turn
+        first, which fences the dead owner), and only for an attempt in flight.
+        """
+        turn = self._claimed(turn_id, claim)
+        call = self._call_of(turn, call_id)
+        if call.state is not CallState.STARTED:
+            raise errors.InvalidTransition(f"tool call {call_id} is {call.state}, not in flight")
+        try:
+            answer = ProbeAnswer(answer)
+        except ValueError:
+            raise errors.InvalidInput(f"unknown probe answer {answer!r}") from None
+        if isinstance(duration_seconds, bool) or not isinstance(duration_seconds, int | float):
+            raise errors.InvalidInput("a probe's duration must be a number of seconds")
+        check_storable((dict(evidence), note, prober), "the probe's evidence")
+        self.trigger_event(
+            self.ToolCallProbed,
+            turn_id=turn_id,
+            call_id=call_id,
+            attempt=call.attempt,
+            answer=str(answer),
+            evidence=dict(evidence),
+            note=storable_text(note),
+            duration_seconds=round(max(0.0, float(duration_seconds)), 6),
+            prober=prober,
+        )
+
+    def resolve_by_probe(self, turn_id: str, claim: int, call_id: str, result: Any = None) -> None:
+        """Settle an in-flight call as its latest probe answered: applied or not_applied.
+
+        Applied: succeeded with the probe's ``result``. Not applied: failed,
+        "not applied (probe)". Recorded as ToolCallResolved by ``probe:<tool>``,
+        with the probe's evidence; any other answer is refused.
+        """
+        turn = self._claimed(turn_id, claim)
+        call = self._call_of(turn, call_id)
+        probe = call.last_probe if call.state is CallState.STARTED else None
+        answer = probe["answer"] if probe else ""
+        if answer not in (ProbeAnswer.APPLIED, ProbeAnswer.NOT_APPLIED):
+            raise errors.InvalidTransition(
+                f"tool call {call_id} has no probe answer that settles it (last: {answer or 'none'})"
+            )
+        applied = answer == ProbeAnswer.APPLIED
+        if applied:
+            check_storable(result, "the probe's result")
+        assert probe is not None
+        self.trigger_event(
+            self.ToolCallResolved,
+            turn_id=turn_id,
+            call_id=call_id,
+            outcome="succeeded" if applied else "failed",
+            result=result if applied else NOT_APPLIED_ERROR,
+            note=probe["note"] or (f"{answer} (probe)"),
+            actor=f"probe:{call.name}",
+            evidence=dict(probe["evidence"]),
+        )
 
     # ------------------------------------------------------------------ checks
 
@@ -714,6 +805,9 @@ class Session(Aggregate):
         worker_id: str
         claim: int
         effect: str
+        # What the probe will need, and the owning process (absent from older events).
+        pre_state: dict[str, Any] | None = None
+        owner: dict[str, Any] | None = None
 
         def apply(self, aggregate: Any) -> None:
             call = cast(Session, aggregate).calls[self.call_id]
@@ -724,6 +818,8 @@ class Session(Aggregate):
             call.effect = self.effect
             call.started_at = self.timestamp
             call.finished_at = None
+            call.pre_state = dict(self.pre_state or {})
+            call.owner = dict(self.owner or {})
 
     class ToolCallProcessStarted(Event):
         TOPIC = "turnlog.session.ToolCallProcessStarted.v1"
@@ -825,6 +921,8 @@ class Session(Aggregate):
         result: Any
         note: str
         actor: str
+        # What a probe found (resolutions by ``probe:<tool>``; absent from older events).
+        evidence: dict[str, Any] | None = None
 
         def apply(self, aggregate: Any) -> None:
             s = cast(Session, aggregate)
@@ -834,6 +932,7 @@ class Session(Aggregate):
             call.result = self.result
             call.note = self.note
             call.actor = self.actor
+            call.evidence = dict(self.evidence or {})
             call.finished_at = self.timestamp
             turn = s.turn(self.turn_id)
             if not s.unknown_calls(turn):
@@ -908,6 +1007,38 @@ class Session(Aggregate):
             s.closed = True
             s.close_reason = self.reason
 
+    class ToolCallProbed(Event):
+        """A tool's probe was asked whether an in-flight call took effect; what it answered.
+
+        ``answer``: applied, not_applied or unknown; ``evidence``: what the
+        probe saw (for an operator); ``note``: its words (or why it failed);
+        ``prober``: the recovering process.
+        """
+
+        TOPIC = "turnlog.session.ToolCallProbed.v1"
+        turn_id: str
+        call_id: str
+        attempt: int
+        answer: str
+        evidence: dict[str, Any]
+        note: str
+        duration_seconds: float
+        prober: str
+
+        def apply(self, aggregate: Any) -> None:
+            call = cast(Session, aggregate).calls[self.call_id]
+            call.probes.append(
+                {
+                    "attempt": self.attempt,
+                    "answer": self.answer,
+                    "evidence": dict(self.evidence),
+                    "note": self.note,
+                    "duration_seconds": self.duration_seconds,
+                    "prober": self.prober,
+                    "at": self.timestamp.isoformat(),
+                }
+            )
+
 
 # Snapshots are not aggregate events, so the library does not register their
 # explicit topic by itself; a process that only reads must resolve it too.
@@ -915,6 +1046,15 @@ class Session(Aggregate):
 # state inside them is upcast by ``Session.upcast_v1_v2`` as it loads.
 register_topic(Session.Snapshot.TOPIC, Session.Snapshot)
 register_topic("turnlog.session.Snapshot.v1", Session.Snapshot)
+
+
+NOT_APPLIED_ERROR = "not applied (probe)"
+
+
+def probed_not_applied(call: ToolCall) -> bool:
+    """True when a probe found the attempt in flight left no effect (it may run again)."""
+    probe = call.last_probe if call.state is CallState.STARTED else None
+    return probe is not None and probe["answer"] == ProbeAnswer.NOT_APPLIED
 
 
 def _finish(session: Session, turn: Turn, version: int) -> None:

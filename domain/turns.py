@@ -42,6 +42,14 @@ class CallState(StrEnum):
     ABANDONED = "abandoned"
 
 
+class ProbeAnswer(StrEnum):
+    """What a tool's probe found out about a call whose owner died mid-call."""
+
+    APPLIED = "applied"  # the call took effect; the probe gives its result
+    NOT_APPLIED = "not_applied"  # the call left no effect
+    UNKNOWN = "unknown"  # the probe cannot tell (or failed): an operator must
+
+
 class Effect(StrEnum):
     """What running a tool does to the world, which decides recovery."""
 
@@ -78,6 +86,19 @@ class ToolCall:
     # OS processes the call's attempts spawned (ToolCallProcessStarted), so an
     # operator or the sandbox collector can find them after the owner died.
     processes: list[dict[str, Any]] = field(default_factory=list)
+    # What the tool recorded in the intent for its probe (e.g. a file's size and
+    # inode), the process that owned the attempt, and every probe run (ToolCallProbed).
+    pre_state: dict[str, Any] = field(default_factory=dict)
+    owner: dict[str, Any] = field(default_factory=dict)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    evidence: dict[str, Any] = field(default_factory=dict)  # of a resolution by probe
+
+    @property
+    def last_probe(self) -> dict[str, Any] | None:
+        """The latest probe run of the attempt in flight, if any."""
+        if self.probes and self.probes[-1].get("attempt") == self.attempt:
+            return self.probes[-1]
+        return None
 
     @property
     def in_flight(self) -> bool:

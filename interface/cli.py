@@ -286,11 +286,21 @@ def sessions_show(
                 f"  tool {c['name']} {json.dumps(c['arguments'])} → {c['state']}"
                 f" (attempt {c['attempt']}, call {c['call_id']})"
             )
+            lines += [probe_line(p) for p in c.get("probes", [])]
         if t["reply"]:
             lines.append(f"  assistant: {t['reply']}")
         if t["error"]:
             lines.append(f"  error: {t['error']}")
         out.print("\n".join(lines), markup=False)
+
+
+def probe_line(probe: dict[str, Any]) -> str:
+    """One probe run of a call, as ``sessions show`` prints it."""
+    note = f": {probe['note']}" if probe["note"] else ""
+    return (
+        f"    probe (attempt {probe['attempt']}) answered {probe['answer']}"
+        f" in {probe['duration_seconds']:.3f}s{note}; evidence {json.dumps(probe['evidence'])}"
+    )
 
 
 def _session_with_turns(rt: Runtime, sid: UUID, latest: int | None) -> dict[str, Any]:

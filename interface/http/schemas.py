@@ -109,6 +109,18 @@ class StepOut(BaseModel):
     usage: dict[str, Any]
 
 
+class ProbeRunOut(BaseModel):
+    """One run of a tool's probe: its answer, what it saw, how long it took, who asked."""
+
+    attempt: int
+    answer: Literal["applied", "not_applied", "unknown"]
+    evidence: dict[str, Any]
+    note: str
+    duration_seconds: float
+    prober: str
+    at: datetime | None = None
+
+
 class ToolCallOut(BaseModel):
     """A tool call with its arguments, attempts, owner and outcome."""
 
@@ -127,6 +139,15 @@ class ToolCallOut(BaseModel):
     outcome: str
     note: str
     actor: str
+    pre_state: dict[str, Any] = Field(
+        default_factory=dict, description="What the intent recorded for the tool's probe."
+    )
+    probes: list[ProbeRunOut] = Field(
+        default_factory=list, description="Each run of the tool's probe after its owner died."
+    )
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="What the probe saw, for a call it resolved."
+    )
 
 
 class TurnOut(BaseModel):
