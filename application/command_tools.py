@@ -16,7 +16,8 @@ can. Run turnlog in a container when the model is not trusted.
 A tools file (``TURNLOG_TOOLS_FILE``, TOML or JSON) declares ``tools``, each
 with ``name``, ``description``, ``parameters`` (a JSON schema of an object),
 ``effect`` (read_only, idempotent, side_effecting), ``command`` and optionally
-``timeout_seconds``. A bad file is refused when the process starts.
+``timeout_seconds`` and ``approval`` (``"required"``: each call waits for an
+operator's approval). A bad file is refused when the process starts.
 
 A declaration may add a ``probe``: an argv template with the same rules,
 run in the same sandbox with the same environment (and the intent's
@@ -61,7 +62,16 @@ from turnlog.domain.turns import Effect, ToolProcess
 DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
-_ENTRY_KEYS = {"name", "description", "parameters", "effect", "command", "timeout_seconds"}
+_ENTRY_KEYS = {
+    "name",
+    "description",
+    "parameters",
+    "effect",
+    "command",
+    "timeout_seconds",
+    "approval",
+}
+APPROVALS = ("none", "required")
 # A declaration's probe (application/probes.py).
 _ENTRY_KEYS |= {"probe", "probe_timeout_seconds", "rerun_when_not_applied"}
 # Sections of the tools file read elsewhere: Python tool modules (python_tools), MCP
@@ -295,7 +305,12 @@ def _declared_tool(entry: Any, output_limit: int) -> CommandTool:
         raise ValueError("timeout_seconds must be a number")
     if not 0 < timeout <= MAX_TIMEOUT:
         raise ValueError(f"timeout_seconds must be more than 0 and at most {MAX_TIMEOUT:g}")
-    spec = ToolSpec(name, description.strip(), parameters, Effect(effect))
+    approval = entry.get("approval", "none")
+    if approval not in APPROVALS:
+        raise ValueError(f"approval must be one of {list(APPROVALS)}, not {approval!r}")
+    spec = ToolSpec(
+        name, description.strip(), parameters, Effect(effect), approval_required=approval != "none"
+    )
     return CommandTool(spec, command, float(timeout), output_limit, _prober(entry, parameters))
 
 

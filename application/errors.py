@@ -14,6 +14,7 @@ statuses and exit codes in one place. The tree::
     │   ├── InvalidPosition     a log position that names no event of this namespace's log
     │   └── UnknownProjection
     ├── InvalidNamespace         (422)
+    ├── InvalidToolArguments     (422) an operator's edited arguments fail the tool's schema
     ├── DatabaseUnavailable      (503)
     └── ConfigurationError       refused at start-up (a bad tools file)
 """
@@ -105,3 +106,9 @@ class ConfigurationError(ApplicationError):
     or no database is configured and the embedded server is not installed."""
 
     code = "invalid_configuration"
+
+
+class InvalidToolArguments(ApplicationError):
+    """Arguments an operator edited when approving a call do not match the tool's schema."""
+
+    code = "invalid_tool_arguments"

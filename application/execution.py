@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
+from turnlog.application.cancel_watch import POLL_SECONDS, CancelWatch, utc_now
 from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved
@@ -41,7 +42,7 @@ from turnlog.application.tools import ToolContext, ToolError, ToolOutcomeUnknown
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
-from turnlog.domain.turns import Effect, ToolProcess, Turn, TurnState
+from turnlog.domain.turns import Effect, ToolCall, ToolProcess, Turn, TurnState
 from turnlog.domain.values import check_storable, storable_text
 
 T = TypeVar("T")
@@ -82,6 +83,10 @@ class Executor:
     namespace: str = "default"  # part of each tool call's idempotency key
     # Pieces of replies as they stream, for this process's live subscribers (never stored).
     deltas: DeltaHub = field(default_factory=DeltaHub)
+    # Tools whose every call waits for an operator's approval (TURNLOG_APPROVAL_TOOLS).
+    approval_tools: frozenset[str] = frozenset()
+    # How often a worker running a tool looks for a cancel request (seconds).
+    cancel_poll: float = POLL_SECONDS
     # This process's identity, recorded in each intent so that recovery never
     # probes a call while the process that ran it may still be alive.
     owner: dict[str, Any] = field(default_factory=owner_identity)
@@ -145,8 +150,9 @@ class Executor:
                 turn = self.sessions.turn_record(session_id, turn_id)[1]
                 self._report_end(turn)
                 return turn
+            session = self._cancel_expired_followups(session)
             turn = session.turn(turn_id)
-            step = next_step(session, turn, self.max_steps)
+            step = next_step(session, turn, self.max_steps, utc_now(), self._approval_rule(session))
             if step.action is Action.WAIT or (stop is not None and stop.is_set()):
                 self._report_end(turn)
                 return turn
@@ -154,11 +160,52 @@ class Executor:
                 session, turn, claim, step.action, step.call_id, step.reason, lease
             )
 
+    def needs_approval(self, session: Session, call: ToolCall) -> bool:
+        """Whether ``call`` must wait for an operator before it starts.
+
+        The tool's own declaration (``approval = "required"``, or named in
+        TURNLOG_APPROVAL_TOOLS) or the session's policy (``side_effecting``:
+        calls of side-effecting tools; ``all``: every call).
+        """
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return False  # not runnable here: the loop fails the turn instead
+        if tool.spec.approval_required or call.name in self.approval_tools:
+            return True
+        policy = session.approval_policy
+        return policy == "all" or (
+            policy == "side_effecting" and tool.spec.effect is Effect.SIDE_EFFECTING
+        )
+
+    def _approval_rule(self, session: Session) -> Callable[[ToolCall], bool]:
+        return lambda call: self.needs_approval(session, call)
+
+    def _cancel_expired_followups(self, session: Session) -> Session:
+        """Cancel follow-ups queued behind the running turn whose deadline has passed."""
+        now = utc_now()
+        expired = [t.turn_id for t in session.queued_turns() if t.cancel_due(now)]
+        if not expired:
+            return session
+
+        def cancel(s: Session) -> None:
+            for turn_id in expired:
+                s.finish_cancel(turn_id, now)
+
+        session = self.sessions.update_session(session.id, cancel, current=session)[2]
+        for _ in expired:
+            self.observer.turn_ended("cancelled")
+        return session
+
     def _report_end(self, turn: Turn) -> None:
         if turn.state is TurnState.COMPLETED:
             log.info("turn completed after %d model call(s)", len(turn.steps))
         elif turn.state is TurnState.FAILED:
             log.warning("turn failed: %s", turn.error)
+        elif turn.state is TurnState.CANCELLED:
+            log.info("turn cancelled (%s, by %s)", turn.reason, turn.actor)
+        elif turn.state is TurnState.AWAITING_APPROVAL:
+            log.info("turn awaits an operator's approval; letting it go")
+            return
         else:
             return  # still running (draining) or waiting: not ended here
         self.observer.turn_ended(str(turn.state))
@@ -183,6 +230,12 @@ class Executor:
             return self._write(session, claim, lambda s: s.complete_turn(tid, claim, text))
         if action is Action.FAIL:
             return self._write(session, claim, lambda s: s.fail_turn(tid, claim, reason))
+        if action is Action.CANCEL:
+            now = utc_now()
+            return self._write(session, claim, lambda s: s.finish_cancel(tid, now, claim))
+        if action is Action.PROPOSE:
+            log.info("tool call %s proposed for approval", call_id)
+            return self._write(session, claim, lambda s: s.propose_tool_call(tid, claim, call_id))
         if action is Action.INTERRUPT:
             # Only recovery interrupts; our own claim never leaves an unsafe call
             # in flight between steps, so reaching this means our state is stale.
@@ -297,13 +350,31 @@ class Executor:
                 claim,
                 lambda s: s.record_tool_process(turn_id, claim, call_id, attempt, process),
             )
+            if context.stop.is_set():
+                # The call was stopped before this process was recorded: the
+                # watcher did not see it, so it must not start (its gate stays shut).
+                raise ToolError(f"{call.name}: stopped before it started")
 
         context = self._context(session, call_id, attempt, report_process)
-        outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)
+        watch = CancelWatch(
+            self.sessions,
+            session.id,
+            turn_id,
+            call_id,
+            attempt,
+            effect,
+            context.stop,
+            session.turn(turn_id).deadline_at,
+            self.cancel_poll,
+        )
+        with watch:
+            outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)
         # Ours still? A lease dropped while the tool ran has been taken back if
         # no one claimed the turn meanwhile; otherwise the result is not ours to record.
         lease.check()
         session = current[0]
+        if watch.killed:
+            return self._stopped(session, turn_id, claim, effect)
         if outcome == "unknown":
             return self._outcome_unknown(session, turn_id, claim, effect, str(value))
         if outcome == "succeeded":
@@ -320,21 +391,21 @@ class Executor:
             ),
         )
 
-    def _outcome_unknown(
-        self, session: Session, turn_id: str, claim: int, effect: Effect, reason: str
-    ) -> Session:
-        """The tool's other side died mid-call: the rules for an owner that died mid-call.
+    def _stopped(self, session: Session, turn_id: str, claim: int, effect: Effect) -> Session:
+        """The call was stopped mid-run because its turn must stop (cancel or deadline).
 
-        The call stays in flight. A call safe to repeat is run again by the
-        loop's next step (attempts bounded); any other interrupts the turn
-        until an operator says what happened.
+        A safe call is recorded cancelled with its turn. A side-effecting one
+        (only a forced cancel stops it) may have acted or not: the turn is
+        interrupted, as when any owner dies mid-call, until an operator says.
         """
-        log.warning("tool call outcome unknown: %s", shorten(reason, MAX_ERROR_CHARS))
         if effect.safe_to_repeat:
-            return session
+            now = utc_now()
+            stopped = self._write(session, claim, lambda s: s.finish_cancel(turn_id, now, claim))
+            return stopped
         interrupted = self._write(
             session, claim, lambda s: s.interrupt_turn(turn_id, self.worker_id, self.worker_id)
         )
+        log.warning("side-effecting tool call killed by a forced cancel: outcome unknown")
         self.observer.turn_ended("interrupted")
         return interrupted
 
@@ -358,6 +429,24 @@ class Executor:
             log.warning("probe pre-state not recorded: %s", log_text(exc))
             return {}
         return state if isinstance(state, dict) else {}
+
+    def _outcome_unknown(
+        self, session: Session, turn_id: str, claim: int, effect: Effect, reason: str
+    ) -> Session:
+        """The tool's other side died mid-call: the rules for an owner that died mid-call.
+
+        The call stays in flight. A call safe to repeat is run again by the
+        loop's next step (attempts bounded); any other interrupts the turn
+        until an operator says what happened.
+        """
+        log.warning("tool call outcome unknown: %s", shorten(reason, MAX_ERROR_CHARS))
+        if effect.safe_to_repeat:
+            return session
+        interrupted = self._write(
+            session, claim, lambda s: s.interrupt_turn(turn_id, self.worker_id, self.worker_id)
+        )
+        self.observer.turn_ended("interrupted")
+        return interrupted
 
     def _context(
         self,

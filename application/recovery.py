@@ -4,7 +4,10 @@ The rules (DESIGN §5), decided from the stored events alone:
 
 - owner holds the lease → leave it alone;
 - interrupted → leave it: an operator must abandon it or resolve its calls;
-- queued → start it;
+- queued → start it (cancel it if its deadline has passed);
+- awaiting approval → leave it for an operator (cancel it past its deadline);
+- a cancel request or a passed deadline → stop the turn (below, a
+  side-effecting call in flight still interrupts it first);
 - running, no call in flight → resume (a model call has no side effect);
 - running, a read_only/idempotent call in flight → re-run it (same call id,
   attempt + 1, bounded);
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -35,6 +39,8 @@ class Decision(StrEnum):
     FAIL = "fail"
     LEAVE_OWNER_ALIVE = "leave: owner alive"
     LEAVE_FOR_OPERATOR = "leave: waiting for an operator"
+    LEAVE_FOR_APPROVAL = "leave: awaiting approval"
+    CANCEL = "cancel"  # a cancel request or a passed deadline
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ def decide(
     owner_alive: bool,
     max_steps: int,
     probes: Collection[str] = (),
+    now: datetime | None = None,
 ) -> Verdict:
     """The recovery decision for an open turn; ``probes``: the tools whose probe recovery asks."""
 
@@ -78,9 +85,19 @@ def decide(
     if turn.state is TurnState.INTERRUPTED:
         unknown = ", ".join(c.call_id for c in session.unknown_calls(turn))
         return verdict(Decision.LEAVE_FOR_OPERATOR, detail=f"unknown calls: {unknown}")
+    # A cancel request, or a deadline passed at ``now``: stop the turn (a
+    # side-effecting call in flight is still interrupted first, below).
+    due = turn.cancel_due(now)
+    if turn.state is TurnState.AWAITING_APPROVAL:
+        if due:
+            return verdict(Decision.CANCEL, detail=due)
+        waiting = ", ".join(c.call_id for c in session.proposed_calls(turn))
+        return verdict(Decision.LEAVE_FOR_APPROVAL, detail=f"proposed calls: {waiting}")
     if turn.state is TurnState.QUEUED:
-        return verdict(Decision.START)
-    step = next_step(session, turn, max_steps)
+        return verdict(Decision.CANCEL, detail=due) if due else verdict(Decision.START)
+    step = next_step(session, turn, max_steps, now)
+    if step.action is Action.CANCEL:
+        return verdict(Decision.CANCEL, detail=step.reason)
     if step.action is Action.INTERRUPT:
         call = session.call(step.call_id)
         if call.name in probes:
@@ -107,6 +124,8 @@ PLANNED = {
     Decision.FAIL: "to fail",
     Decision.LEAVE_OWNER_ALIVE: "left to a live owner",
     Decision.LEAVE_FOR_OPERATOR: "waiting for an operator",
+    Decision.LEAVE_FOR_APPROVAL: "awaiting approval",
+    Decision.CANCEL: "to cancel",
 }
 DONE = PLANNED | {
     Decision.START: "started",
@@ -115,6 +134,7 @@ DONE = PLANNED | {
     Decision.INTERRUPT: "interrupted",
     Decision.PROBE: "probed",
     Decision.FAIL: "failed",
+    Decision.CANCEL: "cancelled",
 }
 
 

@@ -12,16 +12,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
+from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import Database
-from turnlog.application.errors import LeaseLost
+from turnlog.application.errors import InvalidToolArguments, LeaseLost
 from turnlog.application.execution import Executor
 from turnlog.application.leases import Lease
 from turnlog.application.probes import prober_of
 from turnlog.application.recovery import Decision, Verdict, decide
-from turnlog.application.sessions import Sessions, Submitted, Written
+from turnlog.application.sessions import CONTENDED_ATTEMPTS, Sessions, Submitted, Written
 from turnlog.application.settings import Settings
 from turnlog.application.settling import settle_by_probe
-from turnlog.domain.turns import Turn
+from turnlog.application.tools import ToolError, check_arguments
+from turnlog.domain.session import Session
+from turnlog.domain.turns import CallState, Turn, TurnState
 
 log = logging.getLogger("turnlog.runtime")
 
@@ -74,7 +77,10 @@ class Runtime:
         turn = session.open_turn
         if turn is None:
             return None
-        verdict = decide(session, turn, False, self.executor.max_steps, probes=self.probed_tools())
+        now = utc_now()
+        verdict = decide(
+            session, turn, False, self.executor.max_steps, probes=self.probed_tools(), now=now
+        )
         log.info("recovery: %s", verdict.decision, extra=verdict.as_dict())
         if verdict.decision is Decision.PROBE:
             settled = settle_by_probe(
@@ -92,7 +98,11 @@ class Runtime:
             by = self.executor.worker_id
             self.sessions.update(session_id, lambda s: s.interrupt_turn(turn.turn_id, previous, by))
             self.executor.observer.turn_ended("interrupted")
-        elif verdict.decision not in (Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_OWNER_ALIVE):
+        elif verdict.decision is Decision.CANCEL and turn.state is not TurnState.RUNNING:
+            # Queued or awaiting approval: no one runs it, so no claim is needed.
+            self.sessions.update(session_id, lambda s: s.finish_cancel(turn.turn_id, now))
+            self.executor.observer.turn_ended("cancelled")
+        elif not verdict.decision.startswith("leave"):
             self.executor.run_turn(session_id, turn.turn_id, lease, stop)
         return verdict
 
@@ -118,6 +128,55 @@ class Runtime:
         self, session_id: UUID, call_id: str, outcome: str, result: Any, note: str, actor: str
     ) -> tuple[Turn, Written]:
         return self.sessions.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
+
+    def cancel_turn(
+        self, session_id: UUID, turn_id: str, reason: str, actor: str, force: bool = False
+    ) -> tuple[str, Written]:
+        """Cancel a turn: at once when no one runs it, else by a request its owner acts on."""
+        return self.sessions.update(
+            session_id,
+            lambda s: s.cancel_turn(turn_id, reason, actor, force),
+            attempts=CONTENDED_ATTEMPTS,
+        )
+
+    def approve_tool_call(
+        self,
+        session_id: UUID,
+        call_id: str,
+        actor: str,
+        note: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[Turn, Written]:
+        """Let a proposed call start; edited ``arguments`` must match the tool's schema."""
+
+        def approve(s: Session) -> Turn:
+            call = s.call(call_id)
+            if call.state is CallState.PROPOSED and arguments is not None:
+                self._check_arguments(call.name, arguments)
+            return s.approve_tool_call(call_id, actor, note, arguments)
+
+        return self.sessions.update(session_id, approve, attempts=CONTENDED_ATTEMPTS)
+
+    def reject_tool_call(
+        self, session_id: UUID, call_id: str, actor: str, reason: str
+    ) -> tuple[Turn, Written]:
+        """Refuse a proposed call; the model is told, and the turn goes on."""
+        return self.sessions.update(
+            session_id,
+            lambda s: s.reject_tool_call(call_id, actor, reason),
+            attempts=CONTENDED_ATTEMPTS,
+        )
+
+    def _check_arguments(self, name: str, arguments: dict[str, Any]) -> None:
+        tool = self.executor.tools.get(name)
+        if tool is None:
+            raise InvalidToolArguments(f"tool {name!r} is not available in this process")
+        if not isinstance(arguments, dict):
+            raise InvalidToolArguments("arguments must be an object")
+        try:
+            check_arguments(tool.spec, arguments)
+        except ToolError as exc:
+            raise InvalidToolArguments(str(exc)) from None
 
     def close(self) -> None:
         self.executor.providers.close()

@@ -12,6 +12,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
@@ -22,11 +23,20 @@ from psycopg import sql
 from turnlog.application.errors import ConcurrentModification, SessionNotFound
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
-from turnlog.domain.session import Session, replay_turns, retaining
-from turnlog.domain.turns import CallState, Step, ToolCall, Turn, TurnState
+from turnlog.domain.session import (
+    Session,
+    check_deadline,
+    deadline_after,
+    replay_turns,
+    retaining,
+)
+from turnlog.domain.turns import CallState, FinishedTurn, Step, ToolCall, Turn, TurnState
 
 T = TypeVar("T")
-EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
+EARLIER_CACHE_SIZE = 64
+# Re-decisions allowed to a command that races a running turn's writes (a
+# follow-up, a cancel, an approval): each is one reload and one short save.
+CONTENDED_ATTEMPTS = 8  # sessions whose earlier turns this process keeps rebuilt
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class Sessions(Application[UUID]):
 
     # Explicit: table names derive from it and must not follow a class rename.
     name = "Sessions"
+    # The deadline of a turn whose submitter and session name none (TURNLOG_TURN_DEADLINE_SECONDS).
+    default_deadline_seconds: float | None = None
 
     def __init__(
         self,
@@ -181,15 +193,15 @@ class Sessions(Application[UUID]):
         by_id: dict[str, Turn] = {}
         record = session
         if low < done:
-            first, last = session.finished[low][2], session.finished[min(top, done) - 1][3]
+            first, last = _span(session.finished[low : min(top, done)])
             record = self.replay_range(session_id, first, last)
             by_id = {t.turn_id: t for t in record.turns}
         page: list[tuple[Session, Turn]] = []
+        open_turns = [t for t in session.turns if t.state.is_open]
         for number in numbers:
             if number > done:
-                open_turn = session.open_turn
-                if open_turn is not None:
-                    page.append((session, open_turn))
+                if number - done <= len(open_turns):
+                    page.append((session, open_turns[number - done - 1]))
             else:
                 page.append((record, by_id[session.finished[number - 1][0]]))
         return session, page, (low + 1 if low > 0 else None)
@@ -235,7 +247,7 @@ class Sessions(Application[UUID]):
         covered = session.compacted_turns
         if len(session.finished) <= covered:
             return 1, 0
-        return session.finished[covered][2], session.finished[-1][3]
+        return _span(session.finished[covered:])
 
     def compaction_for(self, session: Session) -> tuple[ModelRequest, int] | None:
         """The summarising request the next request needs first, and the turns it covers.
@@ -272,6 +284,27 @@ class Sessions(Application[UUID]):
         for turn in session.turns:
             turn.first_version = turn.first_version or first.get(turn.turn_id, 0)
 
+    def version_of(self, session_id: UUID) -> int:
+        """The session's latest stored version: one index lookup, no events read.
+
+        A worker running a tool asks it about twice a second to notice a cancel
+        request without loading the session each time.
+        """
+        recorder: Any = self.recorder
+        if getattr(recorder, "datastore", None) is None:
+            return self.get_session(session_id).version  # in-memory persistence (unit tests)
+        table = sql.SQL("{}.{}").format(
+            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
+        )
+        statement = sql.SQL(
+            "SELECT originator_version FROM {} WHERE originator_id = %s"
+            " ORDER BY originator_version DESC LIMIT 1"
+        ).format(table)
+        with recorder.datastore.transaction(commit=False) as curs:
+            curs.execute(statement, (session_id,))
+            row = curs.fetchone()
+        return int(row["originator_version"]) if row else 0
+
     def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
         recorder: Any = self.recorder
         table = sql.SQL("{}.{}").format(
@@ -301,11 +334,34 @@ class Sessions(Application[UUID]):
         recordings = self.save(session)
         return Written(session.id, session.version, recordings[-1].notification.id)
 
-    def submit_turn(self, session_id: UUID, message: str, idempotency_key: str = "") -> Submitted:
-        """Queue a user message as a new turn (or return the turn its key created)."""
-        (turn, created), written = self.update(
-            session_id, lambda s: s.submit_turn(message, idempotency_key)
-        )
+    def submit_turn(
+        self,
+        session_id: UUID,
+        message: str,
+        idempotency_key: str = "",
+        *,
+        enqueue: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> Submitted:
+        """Queue a user message as a new turn (or return the turn its key created).
+
+        ``enqueue``: queue it behind a queued or running turn instead of refusing.
+        ``deadline_seconds``: when the runtime cancels it; None takes the
+        session's default, then ``default_deadline_seconds`` (None: no deadline).
+        The absolute deadline is computed here and stored in the event.
+        """
+        if deadline_seconds is not None:
+            check_deadline(deadline_seconds)
+
+        def submit(s: Session) -> tuple[Turn | FinishedTurn, bool]:
+            seconds = deadline_seconds or s.deadline_seconds or self.default_deadline_seconds
+            deadline_at = deadline_after(datetime.now(UTC), seconds)
+            return s.submit_turn(message, idempotency_key, enqueue=enqueue, deadline_at=deadline_at)
+
+        # A follow-up is submitted while a worker writes the turn ahead of it:
+        # losing a race to those writes is expected, so it re-decides a few times.
+        tries = CONTENDED_ATTEMPTS if enqueue else 2
+        (turn, created), written = self.update(session_id, submit, attempts=tries)
         return Submitted(
             written.session_id, written.version, written.position, turn.turn_id, created
         )
@@ -331,13 +387,14 @@ class Sessions(Application[UUID]):
         session_id: UUID,
         decide: Callable[[Session], T],
         current: Session | None = None,
+        attempts: int = 2,
     ) -> tuple[T, Written]:
         """Run ``decide`` on the session and save what it recorded.
 
         On a version conflict the session is reloaded and ``decide`` runs
         again on fresh state, once.
         """
-        result, written, _ = self.update_session(session_id, decide, current)
+        result, written, _ = self.update_session(session_id, decide, current, attempts)
         return result, written
 
     def update_session(
@@ -345,6 +402,7 @@ class Sessions(Application[UUID]):
         session_id: UUID,
         decide: Callable[[Session], T],
         current: Session | None = None,
+        attempts: int = 2,
     ) -> tuple[T, Written, Session]:
         """Like ``update``, and also returns the session object, now current.
 
@@ -353,7 +411,7 @@ class Sessions(Application[UUID]):
         reload. After a conflict it is discarded, since its state already
         holds the events that failed to save.
         """
-        for attempt in (1, 2):
+        for attempt in range(1, attempts + 1):
             session = current if current is not None else self.get_session(session_id)
             current = None
             result = decide(session)
@@ -362,7 +420,7 @@ class Sessions(Application[UUID]):
             try:
                 recordings = self.save(session)
             except IntegrityError:
-                if attempt == 2:
+                if attempt == attempts:
                     raise ConcurrentModification(
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
@@ -383,6 +441,16 @@ class Sessions(Application[UUID]):
             start=None, limit=limit, topics=[Session.SessionStarted.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
+
+
+def _span(entries: Sequence[list[Any]]) -> tuple[int, int]:
+    """The version range holding every event of these finished turns.
+
+    Turns usually finish in the order they were submitted, but a follow-up
+    cancelled while queued finishes before the turn ahead of it: take the
+    lowest first and the highest last version, not the ends of the list.
+    """
+    return min(e[2] for e in entries), max(e[3] for e in entries)
 
 
 def _ranges_unknown(session: Session) -> bool:

@@ -70,6 +70,24 @@ class Settings(BaseSettings):
         description="Context policy of new sessions that set none: a request longer than this"
         " many characters first has its oldest turns summarised (unset: no limit).",
     )
+    turn_deadline_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="Deadline of a turn whose submitter and session name none: the runtime"
+        " cancels it (reason `deadline`) this many seconds after submission (unset: none).",
+    )
+    approval_policy: Literal["none", "side_effecting", "all"] = Field(
+        default="none",
+        description="Approval policy of new sessions that set none: which tool calls wait for"
+        " an operator's approval (`none`; `side_effecting`; `all`). Tools declared"
+        ' `approval = "required"` always wait.',
+    )
+    approval_tools: str | None = Field(
+        default=None,
+        description="Tools (built-in or declared) whose calls always wait for an operator's"
+        " approval, comma-separated.",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log lines: `text`, or `json` (one object per line)."
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
-import time
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -86,6 +86,10 @@ class ToolContext:
         default=_ignore_process, repr=False, compare=False
     )
     namespace: str = "default"
+    # Set when the call must stop now (its turn is cancelled, or a cancel is
+    # forced): a tool that waits should wait on it. Process-group tools are
+    # also killed; the executor then records the call as stopped, whatever it returns.
+    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -107,6 +111,8 @@ class ToolSpec:
     description: str
     parameters: dict[str, Any]
     effect: Effect = Effect.SIDE_EFFECTING
+    # True: each call waits for an operator's approval before it starts.
+    approval_required: bool = False
 
 
 class Tool(Protocol):
@@ -250,7 +256,7 @@ def _sleep(arguments: dict[str, Any], context: ToolContext) -> Any:
     seconds = float(arguments.get("seconds", 0))
     if not 0 <= seconds <= MAX_SLEEP_SECONDS:
         raise ToolError(f"sleep: seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
-    time.sleep(seconds)
+    context.stop.wait(seconds)  # returns early when the call is stopped
     return {"slept": seconds}
 
 
@@ -281,7 +287,8 @@ def _append_file(arguments: dict[str, Any], context: ToolContext) -> Any:
     text = str(arguments["text"])
     # The delay comes before the write, so a test can kill the worker mid-call
     # and prove the write happened at most once.
-    time.sleep(delay)
+    if context.stop.wait(delay):
+        raise ToolOutcomeUnknown("append_file: stopped before writing")
     line = text if text.endswith("\n") else text + "\n"
     try:
         stored = append_line(context.sandbox, relative, line)

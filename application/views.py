@@ -31,6 +31,8 @@ def describe_call(call: ToolCall) -> dict[str, Any]:
         "note": call.note,
         "actor": call.actor,
         "processes": [dict(p) for p in call.processes],
+        "approval": call.approval,
+        "proposed_arguments": call.proposed_arguments,
         "pre_state": dict(call.pre_state),
         "probes": [dict(p) for p in call.probes],
         "evidence": dict(call.evidence),
@@ -59,6 +61,9 @@ def describe_turn(session: Session, turn: Turn) -> dict[str, Any]:
         ],
         "tool_calls": [describe_call(c) for c in session.calls_of(turn)],
         "unknown_call_ids": [c.call_id for c in session.unknown_calls(turn)],
+        "deadline_at": _iso(turn.deadline_at),
+        "cancel_reason": turn.cancel_reason,
+        "cancel_force": turn.cancel_force,
     }
 
 
@@ -81,6 +86,8 @@ def describe_session(session: Session) -> dict[str, Any]:
             "max_chars": session.context_max_chars or None,
         },
         "compaction": describe_compaction(session.compaction),
+        "approval_policy": session.approval_policy,
+        "deadline_seconds": session.deadline_seconds or None,
         "turns": [describe_turn(session, t) for t in session.turns],
     }
 
@@ -95,14 +102,24 @@ def describe_session_summary(session: Session) -> dict[str, Any]:
     last = session.last_turn
     counts = dict(session.counts)
     open_turn = session.open_turn
-    if open_turn is not None:
-        counts[str(open_turn.state)] = counts.get(str(open_turn.state), 0) + 1
+    for turn in session.turns:
+        if turn.state.is_open:
+            counts[str(turn.state)] = counts.get(str(turn.state), 0) + 1
     return {
         **view,
         "turn_count": session.turn_count,
         "turn_counts": counts,
         "last_turn": None if last is None else {"turn_id": last.turn_id, "state": str(last.state)},
         "open_turn": None if open_turn is None else describe_turn(session, open_turn),
+        "queued_turns": [
+            {
+                "turn_id": t.turn_id,
+                "message": t.message,
+                "submitted_at": _iso(t.submitted_at),
+                "deadline_at": _iso(t.deadline_at),
+            }
+            for t in session.queued_turns()
+        ],
     }
 
 

@@ -28,6 +28,7 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
+from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import Database, bootstrap_lock, connect
 from turnlog.application.errors import ApplicationError, LeaseLost
 from turnlog.application.history import scan_topics
@@ -63,11 +64,26 @@ class WorkSource(Protocol):
 
 
 # Events after which a session may have a turn for a worker to take.
-WORK_TOPICS = [Session.TurnSubmitted.TOPIC, Session.ToolCallResolved.TOPIC]
+WORK_TOPICS = [
+    Session.TurnSubmitted.TOPIC,
+    Session.ToolCallResolved.TOPIC,
+    # A cancel asked of a turn whose owner is gone; a turn cancelled at once
+    # (the next queued one may start); an approval or rejection (the turn runs again).
+    Session.CancelRequested.TOPIC,
+    Session.TurnCancelled.TOPIC,
+    Session.ToolCallApproved.TOPIC,
+    Session.ToolCallRejected.TOPIC,
+]
 
 
 # Decisions about a turn whose owner died (not the start of a queued one): logged when done.
-RECOVERIES = (Decision.RESUME, Decision.RERUN, Decision.INTERRUPT, Decision.FAIL)
+RECOVERIES = (
+    Decision.RESUME,
+    Decision.RERUN,
+    Decision.INTERRUPT,
+    Decision.FAIL,
+    Decision.CANCEL,
+)
 
 BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed unexpectedly
 HELD_POLL = 0.02  # how often the log scan looks again while events wait past the horizon
@@ -132,7 +148,11 @@ def check_open_turns(runtime: Runtime, source: WorkSource, limit: int = 10_000) 
     """What recovery would do with every open turn, without acting (``turnlog check``)."""
     verdicts = []
     with connect(runtime.db) as conn:
+        seen: set[str] = set()
         for ref in source.open_turns(limit):
+            if ref.session_id in seen:
+                continue  # a follow-up queued behind the session's current turn
+            seen.add(ref.session_id)
             session_id = UUID(ref.session_id)
             session = runtime.sessions.get_session(session_id)
             turn = session.open_turn
@@ -140,7 +160,14 @@ def check_open_turns(runtime: Runtime, source: WorkSource, limit: int = 10_000) 
                 continue  # the read model lags behind a turn that just finished
             alive = owner_alive(conn, runtime.settings.namespace, session_id)
             verdicts.append(
-                decide(session, turn, alive, runtime.executor.max_steps, runtime.probed_tools())
+                decide(
+                    session,
+                    turn,
+                    alive,
+                    runtime.executor.max_steps,
+                    runtime.probed_tools(),
+                    now=utc_now(),
+                )
             )
     return verdicts
 
@@ -281,7 +308,15 @@ class Worker:
                 return
             if ref.state == "interrupted":
                 continue  # an operator must act first
+            if ref.state == "awaiting_approval" and not self._deadline_passed(ref):
+                continue  # an operator must approve or reject; no one holds it meanwhile
             self._try_take(ref.session_id)
+
+    def _deadline_passed(self, ref: OpenTurnRef) -> bool:
+        """Whether a turn waiting for approval is past its deadline (then it is cancelled)."""
+        session = self.runtime.sessions.get_session(UUID(ref.session_id))
+        turn = session.open_turn
+        return turn is not None and bool(turn.cancel_due(utc_now()))
 
     def _try_take(self, key: str) -> None:
         """Take the session's lease and work on it, unless it is ours or a live owner's."""

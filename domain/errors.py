@@ -8,7 +8,9 @@ exit code. The tree::
     │   ├── InvalidMessage
     │   ├── InvalidOperatorAction
     │   ├── InvalidContextPolicy
-    │   └── InvalidSummary
+    │   ├── InvalidSummary
+    │   ├── InvalidDeadline
+    │   └── InvalidApprovalPolicy
     ├── NotFound                     (404)
     │   ├── TurnNotFound
     │   └── ToolCallNotFound
@@ -19,7 +21,10 @@ exit code. The tree::
         ├── StaleClaim
         ├── InvalidTransition
         ├── DuplicateToolCall
-        └── IdempotencyKeyReused
+        ├── IdempotencyKeyReused
+        ├── TurnFinished
+        ├── CallNotProposed
+        └── QueueFull
 """
 
 from __future__ import annotations
@@ -67,6 +72,18 @@ class InvalidSummary(InvalidInput):
     """A context summary is empty or larger than the message size limit."""
 
     code = "invalid_summary"
+
+
+class InvalidDeadline(InvalidInput):
+    """A turn's deadline is not a positive number of seconds within the limit."""
+
+    code = "invalid_deadline"
+
+
+class InvalidApprovalPolicy(InvalidInput):
+    """A session's approval policy is not one of none, side_effecting, all."""
+
+    code = "invalid_approval_policy"
 
 
 class NotFound(DomainError):
@@ -138,3 +155,21 @@ class IdempotencyKeyReused(Conflict):
     """An idempotency key already used in the session came with a different message."""
 
     code = "idempotency_key_reused"
+
+
+class TurnFinished(Conflict):
+    """An action (a cancel) names a turn that has already finished."""
+
+    code = "turn_finished"
+
+
+class CallNotProposed(Conflict):
+    """An approval or rejection names a tool call that is not waiting for one."""
+
+    code = "call_not_proposed"
+
+
+class QueueFull(Conflict):
+    """A follow-up turn was enqueued while the session already holds the most it may queue."""
+
+    code = "queue_full"

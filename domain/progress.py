@@ -6,11 +6,13 @@ means a resumed turn takes exactly the step an uninterrupted one would have.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from turnlog.domain.session import Session, probed_not_applied
-from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect, Turn, TurnState
+from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect, ToolCall, Turn, TurnState
 
 
 class Action(StrEnum):
@@ -22,6 +24,8 @@ class Action(StrEnum):
     INTERRUPT = "interrupt"  # an unsafe call whose attempt never reported
     COMPLETE = "complete"
     FAIL = "fail"
+    CANCEL = "cancel"  # an operator asked to stop, or the deadline passed
+    PROPOSE = "propose"  # a requested call needs an operator's approval first
     WAIT = "wait"  # nothing to do: the turn is not running (queued, finished, interrupted)
 
 
@@ -34,8 +38,18 @@ class NextStep:
     reason: str = ""
 
 
-def next_step(session: Session, turn: Turn, max_steps: int) -> NextStep:
-    """Decide the next step of a running turn whose previous owner is gone or is us."""
+def next_step(
+    session: Session,
+    turn: Turn,
+    max_steps: int,
+    now: datetime | None = None,
+    needs_approval: Callable[[ToolCall], bool] | None = None,
+) -> NextStep:
+    """Decide the next step of a running turn whose previous owner is gone or is us.
+
+    ``now`` lets a passed deadline stop the turn; ``needs_approval`` says which
+    requested calls must be proposed to an operator before they start.
+    """
     if turn.state is not TurnState.RUNNING:
         return NextStep(Action.WAIT)
     in_flight = session.in_flight_calls(turn)
@@ -46,6 +60,10 @@ def next_step(session: Session, turn: Turn, max_steps: int) -> NextStep:
     ]
     if unsafe:
         return NextStep(Action.INTERRUPT, unsafe[0].call_id)
+    reason = turn.cancel_due(now)
+    if reason:
+        # A safe call in flight is stopped with the turn (never re-run).
+        return NextStep(Action.CANCEL, reason=reason)
     if in_flight:
         call = in_flight[0]
         if call.attempt >= MAX_TOOL_ATTEMPTS:
@@ -58,7 +76,10 @@ def next_step(session: Session, turn: Turn, max_steps: int) -> NextStep:
         return NextStep(Action.RERUN_TOOL, call.call_id)
     pending = session.pending_calls(turn)
     if pending:
-        return NextStep(Action.RUN_TOOL, pending[0].call_id)
+        call = pending[0]
+        if call.approval != "approved" and needs_approval is not None and needs_approval(call):
+            return NextStep(Action.PROPOSE, call.call_id)
+        return NextStep(Action.RUN_TOOL, call.call_id)
     if turn.steps and not turn.steps[-1].call_ids:
         return NextStep(Action.COMPLETE)
     if len(turn.steps) >= max_steps:

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnlog.domain.session import Session
-from turnlog.domain.turns import CallState, ToolCall, Turn, TurnState
+from turnlog.domain.turns import RUNTIME_ACTOR, CallState, ToolCall, Turn, TurnState
 
 PLACEHOLDER_UNKNOWN = "outcome unknown: the worker running this call stopped before it reported"
 PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
+PLACEHOLDER_PROPOSED = "not run yet: waiting for an operator's approval"
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,13 @@ def tool_result_text(call: ToolCall) -> str:
         return f"{prefix}{_as_json(call.result)} (outcome recorded by operator: {call.note})"
     if call.state is CallState.ABANDONED:
         return PLACEHOLDER_ABANDONED
+    if call.state is CallState.REJECTED:
+        return f"rejected by operator: {call.note}"
+    if call.state is CallState.CANCELLED:
+        by = "by operator" if call.actor != RUNTIME_ACTOR else "by the runtime"
+        return f"cancelled {by}: {call.note}"
+    if call.state is CallState.PROPOSED:
+        return PLACEHOLDER_PROPOSED
     return PLACEHOLDER_UNKNOWN
 
 
@@ -82,7 +90,10 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         for turn in earlier.turns:
             if not turn.state.is_open:
                 messages.extend(_turn_messages(earlier, turn))
+    current = session.open_turn
     for turn in session.turns:
+        if turn.state is TurnState.QUEUED and turn is not current:
+            continue  # a follow-up queued behind the current turn: not said yet
         messages.extend(_turn_messages(session, turn))
     return ModelRequest(
         provider=session.provider,

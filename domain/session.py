@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, cast
 from uuid import UUID, uuid4
 
@@ -22,8 +23,12 @@ from eventsourcing.utils import register_topic
 
 from turnlog.domain import errors
 from turnlog.domain.turns import (
+    APPROVAL_POLICIES,
+    MAX_DEADLINE_SECONDS,
     MAX_MESSAGE_BYTES,
+    MAX_QUEUED_TURNS,
     MAX_TOOL_ATTEMPTS,
+    RUNTIME_ACTOR,
     CallState,
     Effect,
     FinishedTurn,
@@ -85,6 +90,10 @@ class Session(Aggregate):
         # Sessions stored before the policy existed load with none.
         context_max_turns: int = 0
         context_max_chars: int = 0
+        # Which tool calls wait for an operator's approval (none | side_effecting | all),
+        # and the deadline its turns get when their submitter names none (0: none).
+        approval_policy: str = "none"
+        deadline_seconds: float = 0.0
 
     # Also the value of a session restored from a snapshot taken before the field.
     tools_chosen = False
@@ -93,6 +102,8 @@ class Session(Aggregate):
     context_max_turns = 0
     context_max_chars = 0
     compaction: dict[str, Any] | None = None
+    approval_policy = "none"
+    deadline_seconds = 0.0
 
     def __init__(
         self,
@@ -106,7 +117,11 @@ class Session(Aggregate):
         tools_chosen: bool = False,
         context_max_turns: int = 0,
         context_max_chars: int = 0,
+        approval_policy: str = "none",
+        deadline_seconds: float = 0.0,
     ) -> None:
+        self.approval_policy = approval_policy
+        self.deadline_seconds = deadline_seconds
         self.title = title
         self.system_prompt = system_prompt
         self.provider = provider
@@ -168,6 +183,8 @@ class Session(Aggregate):
         tools_chosen: bool = False,
         context_max_turns: int | None = None,
         context_max_chars: int | None = None,
+        approval_policy: str = "none",
+        deadline_seconds: float | None = None,
     ) -> Session:
         """Start a new session.
 
@@ -179,6 +196,9 @@ class Session(Aggregate):
         fields = (title, system_prompt, provider, model, list(tools), metadata, created_by)
         check_storable(fields, "the session's settings")
         check_context_policy(context_max_turns, context_max_chars)
+        check_approval_policy(approval_policy)
+        if deadline_seconds is not None:
+            check_deadline(deadline_seconds)
         return cls._create(
             cls.SessionStarted,
             id=session_id or uuid4(),
@@ -192,6 +212,8 @@ class Session(Aggregate):
             tools_chosen=tools_chosen,
             context_max_turns=context_max_turns or 0,
             context_max_chars=context_max_chars or 0,
+            approval_policy=approval_policy,
+            deadline_seconds=float(deadline_seconds or 0.0),
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
@@ -272,19 +294,32 @@ class Session(Aggregate):
 
     @property
     def open_turn(self) -> Turn | None:
-        """The turn that is queued, running or interrupted, if any."""
-        last = self.turns[-1] if self.turns else None
-        return last if last is not None and last.state.is_open else None
+        """The current turn: the first that is open (follow-ups queue behind it), if any."""
+        for turn in self.turns:
+            if turn.state.is_open:
+                return turn
+        return None
+
+    def queued_turns(self) -> list[Turn]:
+        """Follow-up turns waiting behind the current one, in the order they run."""
+        current = self.open_turn
+        return [
+            t
+            for t in self.turns
+            if t.state is TurnState.QUEUED and current is not None and t is not current
+        ]
 
     @property
     def status(self) -> str:
-        """idle, busy, blocked (an interrupted turn) or closed."""
+        """idle, busy, awaiting_approval, blocked (an interrupted turn) or closed."""
         if self.closed:
             return "closed"
         turn = self.open_turn
         if turn is None:
             return "idle"
-        return "blocked" if turn.state is TurnState.INTERRUPTED else "busy"
+        if turn.state is TurnState.INTERRUPTED:
+            return "blocked"
+        return "awaiting_approval" if turn.state is TurnState.AWAITING_APPROVAL else "busy"
 
     def turn(self, turn_id: str) -> Turn:
         """An open turn (any turn in a retaining copy); a finished one is refused as such."""
@@ -323,14 +358,25 @@ class Session(Aggregate):
     def pending_calls(self, turn: Turn) -> list[ToolCall]:
         return [c for c in self.calls_of(turn) if c.state is CallState.PENDING]
 
+    def proposed_calls(self, turn: Turn) -> list[ToolCall]:
+        return [c for c in self.calls_of(turn) if c.state is CallState.PROPOSED]
+
     # ----------------------------------------------------------------- commands
 
     def submit_turn(
-        self, message: str, idempotency_key: str = ""
+        self,
+        message: str,
+        idempotency_key: str = "",
+        *,
+        enqueue: bool = False,
+        deadline_at: datetime | None = None,
     ) -> tuple[Turn | FinishedTurn, bool]:
         """Queue a user message as a new turn; returns (turn, created).
 
         A key already used in this session returns the turn it created.
+        ``enqueue``: while a turn is queued or running, queue this one behind
+        it instead of refusing it (an interrupted turn still refuses it).
+        ``deadline_at``: when the runtime cancels the turn (None: never).
         """
         if idempotency_key and idempotency_key in self.idempotency_keys:
             turn_id = self.idempotency_keys[idempotency_key]
@@ -345,12 +391,20 @@ class Session(Aggregate):
         check_message(message)
         check_storable((message, idempotency_key), "the message")
         self._require_open()
-        self._require_no_open_turn()
+        if enqueue:
+            self._require_no_unresolved_turn()
+            if len([t for t in self.turns if t.state.is_open]) > MAX_QUEUED_TURNS:
+                raise errors.QueueFull(
+                    f"session {self.id} already holds {MAX_QUEUED_TURNS} queued follow-ups"
+                )
+        else:
+            self._require_no_open_turn()
         self.trigger_event(
             self.TurnSubmitted,
             turn_id=str(uuid4()),
             message=message,
             idempotency_key=idempotency_key,
+            deadline_at=deadline_at,
         )
         return self.turns[-1], True
 
@@ -359,6 +413,8 @@ class Session(Aggregate):
         turn = self.turn(turn_id)
         if turn.state not in (TurnState.QUEUED, TurnState.RUNNING):
             raise errors.InvalidTransition(f"turn {turn_id} is {turn.state}, it cannot be claimed")
+        if turn is not self.open_turn:
+            raise errors.InvalidTransition(f"turn {turn_id} is queued behind an earlier turn")
         self.trigger_event(
             self.TurnClaimed, turn_id=turn_id, worker_id=worker_id, claim=turn.claim + 1
         )
@@ -575,6 +631,139 @@ class Session(Aggregate):
         )
         return unknown
 
+    # ---------------------------------------------------- cancel, deadlines, approval
+
+    def cancel_turn(self, turn_id: str, reason: str, actor: str, force: bool = False) -> str:
+        """An operator stops a turn; returns "cancelled" (done now) or "requested".
+
+        A queued turn, or one waiting for approval, is cancelled at once: no
+        one runs it. A running one gets a request its owner acts on at the
+        next step boundary (``finish_cancel``); ``force`` also kills a
+        side-effecting call in flight, whose outcome then becomes unknown.
+        """
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        reason = require_text(reason, "reason", errors.InvalidOperatorAction)
+        check_storable((reason, actor), "the reason")
+        state = self.turn_state(turn_id)
+        if not state.is_open:
+            raise errors.TurnFinished(f"turn {turn_id} is {state}; it cannot be cancelled")
+        turn = self.turn(turn_id)
+        if state is TurnState.INTERRUPTED:
+            raise errors.InvalidTransition(
+                f"turn {turn_id} is interrupted; abandon it or resolve its unknown calls"
+            )
+        if state in (TurnState.QUEUED, TurnState.AWAITING_APPROVAL):
+            self._record_cancel(turn, reason, actor)
+            return "cancelled"
+        if turn.cancel_reason and (turn.cancel_force or not force):
+            return "requested"  # asked already (a repeat, or no stronger than before)
+        self.trigger_event(
+            self.CancelRequested, turn_id=turn_id, reason=reason, actor=actor, force=bool(force)
+        )
+        return "requested"
+
+    def finish_cancel(self, turn_id: str, now: datetime, claim: int | None = None) -> None:
+        """Record that a turn stopped: an operator asked, or its deadline passed at ``now``.
+
+        With ``claim``, the owner records it at a step boundary (fenced);
+        without, the turn must be one no one runs (queued, awaiting approval).
+        A side-effecting call still in flight forbids it: that call finishes
+        first, or its outcome is unknown (the turn is interrupted instead).
+        """
+        if claim is not None:
+            turn = self._claimed(turn_id, claim)
+        else:
+            turn = self.turn(turn_id)
+            if turn.state not in (TurnState.QUEUED, TurnState.AWAITING_APPROVAL):
+                raise errors.InvalidTransition(
+                    f"turn {turn_id} is {turn.state}; its owner stops it"
+                )
+        reason = turn.cancel_due(now)
+        if not reason:
+            raise errors.InvalidTransition(f"turn {turn_id} has no cancel request or due deadline")
+        if any(c.in_flight and not Effect(c.effect).safe_to_repeat for c in self.calls_of(turn)):
+            raise errors.InvalidTransition(
+                f"turn {turn_id} has a side-effecting call in flight; it cannot stop now"
+            )
+        actor = turn.cancel_actor if turn.cancel_reason else RUNTIME_ACTOR
+        self._record_cancel(turn, reason, actor or RUNTIME_ACTOR)
+
+    def _record_cancel(self, turn: Turn, reason: str, actor: str) -> None:
+        # Every call that has no outcome yet is cancelled with the turn: never
+        # started, proposed, or a safe call stopped in flight.
+        stopped = [
+            c.call_id
+            for c in self.calls_of(turn)
+            if c.state in (CallState.PENDING, CallState.PROPOSED, CallState.STARTED)
+        ]
+        self.trigger_event(
+            self.TurnCancelled,
+            turn_id=turn.turn_id,
+            reason=reason,
+            actor=actor,
+            call_ids=stopped,
+        )
+
+    def propose_tool_call(self, turn_id: str, claim: int, call_id: str) -> None:
+        """Record that a call needs an operator's approval before it may start.
+
+        The turn then waits (``awaiting_approval``) with no owner: its worker lets go.
+        """
+        turn = self._claimed(turn_id, claim)
+        call = self._call_of(turn, call_id)
+        if call.state is not CallState.PENDING or call.approval == "approved":
+            raise errors.InvalidTransition(f"tool call {call_id} is {call.state}; not proposable")
+        self.trigger_event(self.ToolCallProposed, turn_id=turn_id, call_id=call_id)
+
+    def approve_tool_call(
+        self, call_id: str, actor: str, note: str = "", arguments: dict[str, Any] | None = None
+    ) -> Turn:
+        """An operator lets a proposed call start, optionally with edited arguments.
+
+        Checking edited arguments against the tool's schema is the caller's
+        part (the domain does not know tools); here they must be an object
+        the record can hold.
+        """
+        call = self._proposed(call_id)
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        if not isinstance(note, str):
+            raise errors.InvalidOperatorAction("note must be text")
+        if arguments is not None and not isinstance(arguments, dict):
+            raise errors.InvalidOperatorAction("arguments must be an object")
+        check_storable((note, actor, arguments), "the approval")
+        self.trigger_event(
+            self.ToolCallApproved,
+            turn_id=call.turn_id,
+            call_id=call_id,
+            actor=actor,
+            note=note,
+            arguments=copy.deepcopy(arguments),
+        )
+        return self.turn(call.turn_id)
+
+    def reject_tool_call(self, call_id: str, actor: str, reason: str) -> Turn:
+        """An operator refuses a proposed call; the model is told, and the turn goes on."""
+        call = self._proposed(call_id)
+        actor = require_text(actor, "actor", errors.InvalidOperatorAction)
+        reason = require_text(reason, "reason", errors.InvalidOperatorAction)
+        check_storable((reason, actor), "the reason")
+        self.trigger_event(
+            self.ToolCallRejected, turn_id=call.turn_id, call_id=call_id, actor=actor, reason=reason
+        )
+        return self.turn(call.turn_id)
+
+    def _proposed(self, call_id: str) -> ToolCall:
+        try:
+            call = self.call(call_id)
+        except errors.InvalidTransition as exc:
+            raise errors.CallNotProposed(exc.detail) from None
+        if call.state is not CallState.PROPOSED:
+            raise errors.CallNotProposed(
+                f"tool call {call_id} is {call.state}; only a proposed call can be approved"
+                " or rejected"
+            )
+        return call
+
     def compact_context(
         self, turn_id: str, claim: int, summary: str, turns: int, produced_by: dict[str, Any]
     ) -> None:
@@ -695,10 +884,16 @@ class Session(Aggregate):
             raise errors.SessionClosed(f"session {self.id} is closed")
 
     def _require_no_open_turn(self) -> None:
+        self._require_no_unresolved_turn()
         turn = self.open_turn
-        if turn is None:
-            return
-        if turn.state is TurnState.INTERRUPTED:
+        if turn is not None:
+            raise errors.TurnInProgress(
+                f"turn {turn.turn_id} is still {turn.state}", turn_id=turn.turn_id
+            )
+
+    def _require_no_unresolved_turn(self) -> None:
+        turn = self.open_turn
+        if turn is not None and turn.state is TurnState.INTERRUPTED:
             calls = [describe_unknown_call(c) for c in self.unknown_calls(turn)]
             names = ", ".join(f"{c['call_id']} ({c['name']})" for c in calls)
             raise errors.UnresolvedTurn(
@@ -707,9 +902,6 @@ class Session(Aggregate):
                 turn_id=turn.turn_id,
                 unknown_calls=calls,
             )
-        raise errors.TurnInProgress(
-            f"turn {turn.turn_id} is still {turn.state}", turn_id=turn.turn_id
-        )
 
     def _claimed(self, turn_id: str, claim: int) -> Turn:
         """The turn, if ``claim`` is its current claim and it is running (fencing)."""
@@ -745,6 +937,8 @@ class Session(Aggregate):
         turn_id: str
         message: str
         idempotency_key: str
+        # When the runtime cancels the turn (absent from older events: no deadline).
+        deadline_at: datetime | None = None
 
         def apply(self, aggregate: Any) -> None:
             s = cast(Session, aggregate)
@@ -756,6 +950,7 @@ class Session(Aggregate):
                     submitted_at=self.timestamp,
                     state_since=self.timestamp,
                     first_version=self.originator_version,
+                    deadline_at=self.deadline_at,
                 )
             )
             if self.idempotency_key:
@@ -965,6 +1160,98 @@ class Session(Aggregate):
                     call.finished_at = self.timestamp
             _finish(s, turn, self.originator_version)
 
+    class CancelRequested(Event):
+        """An operator asked the owner of a running turn to stop it (``force``: kill any call)."""
+
+        TOPIC = "turnlog.session.CancelRequested.v1"
+        turn_id: str
+        reason: str
+        actor: str
+        force: bool
+
+        def apply(self, aggregate: Any) -> None:
+            turn = cast(Session, aggregate).turn(self.turn_id)
+            turn.cancel_reason = self.reason
+            turn.cancel_actor = self.actor
+            turn.cancel_force = self.force
+
+    class TurnCancelled(Event):
+        """The turn stopped: by an operator, or by the runtime at its deadline."""
+
+        TOPIC = "turnlog.session.TurnCancelled.v1"
+        turn_id: str
+        reason: str
+        actor: str
+        call_ids: list[str]  # calls that had no outcome: never run, proposed, or stopped
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            turn = s.turn(self.turn_id)
+            _move(turn, TurnState.CANCELLED, self.timestamp)
+            turn.reason = self.reason
+            turn.actor = self.actor
+            turn.worker_id = ""
+            for call_id in self.call_ids:
+                call = s.calls[call_id]
+                call.state = CallState.CANCELLED
+                call.note = self.reason
+                call.actor = self.actor
+                call.finished_at = self.timestamp
+            _finish(s, turn, self.originator_version)
+
+    class ToolCallProposed(Event):
+        """A call waits for an operator's approval; nothing runs, and no one owns the turn."""
+
+        TOPIC = "turnlog.session.ToolCallProposed.v1"
+        turn_id: str
+        call_id: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            call = s.calls[self.call_id]
+            call.state = CallState.PROPOSED
+            call.approval = "required"
+            turn = s.turn(self.turn_id)
+            _move(turn, TurnState.AWAITING_APPROVAL, self.timestamp)
+            turn.worker_id = ""
+
+    class ToolCallApproved(Event):
+        TOPIC = "turnlog.session.ToolCallApproved.v1"
+        turn_id: str
+        call_id: str
+        actor: str
+        note: str
+        arguments: dict[str, Any] | None  # edited arguments (None: as proposed)
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            call = s.calls[self.call_id]
+            call.state = CallState.PENDING
+            call.approval = "approved"
+            call.actor = self.actor
+            call.note = self.note
+            if self.arguments is not None:
+                call.proposed_arguments = call.arguments
+                call.arguments = copy.deepcopy(self.arguments)
+            _decided(s, self.turn_id, self.timestamp)
+
+    class ToolCallRejected(Event):
+        TOPIC = "turnlog.session.ToolCallRejected.v1"
+        turn_id: str
+        call_id: str
+        actor: str
+        reason: str
+
+        def apply(self, aggregate: Any) -> None:
+            s = cast(Session, aggregate)
+            call = s.calls[self.call_id]
+            call.state = CallState.REJECTED
+            call.approval = "rejected"
+            call.actor = self.actor
+            call.note = self.reason
+            call.finished_at = self.timestamp
+            _decided(s, self.turn_id, self.timestamp)
+
     class ContextCompacted(Event):
         """A summary of the session's first ``turns`` turns now stands for them in requests.
 
@@ -1079,9 +1366,18 @@ def replay_turns(session_id: UUID, events: Iterable[Any]) -> Session:
     scratch.__dict__.update(_id=session_id, _version=0, _pending_events=[])
     scratch._init_turn_state()
     retaining(scratch)
+    known: set[str] = set()
     for event in events:
-        if not isinstance(event, Session.SessionStarted):
-            event.apply(scratch)
+        if isinstance(event, Session.SessionStarted):
+            continue
+        turn_id = getattr(event, "turn_id", None)
+        if isinstance(event, Session.TurnSubmitted):
+            known.add(event.turn_id)
+        elif turn_id is not None and turn_id not in known:
+            # A turn submitted before the range (follow-ups interleave their
+            # events with the turn ahead of them): not one the range holds.
+            continue
+        event.apply(scratch)
     return scratch
 
 
@@ -1094,6 +1390,17 @@ def retaining(session: Session) -> Session:
 def message_digest(message: str) -> str:
     """What idempotency compares a repeated submission with (the message is not kept)."""
     return hashlib.sha256(message.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _decided(session: Session, turn_id: str, at: datetime) -> None:
+    """After an approval or a rejection: with no call left waiting, the turn runs again.
+
+    It has no owner; a worker takes it as it takes any turn whose owner is gone.
+    """
+    turn = session.turn(turn_id)
+    if turn.state is TurnState.AWAITING_APPROVAL and not session.proposed_calls(turn):
+        _move(turn, TurnState.RUNNING, at)
+        turn.worker_id = ""
 
 
 def _move(turn: Turn, state: TurnState, at: datetime) -> None:
@@ -1139,6 +1446,31 @@ def check_context_policy(max_turns: int | None, max_chars: int | None) -> None:
             f"context max_chars must be a whole number of at least {MIN_CONTEXT_CHARS},"
             f" not {max_chars!r}"
         )
+
+
+def check_approval_policy(policy: str) -> None:
+    """Refuse an approval policy other than none, side_effecting, all."""
+    if policy not in APPROVAL_POLICIES:
+        raise errors.InvalidApprovalPolicy(
+            f"approval_policy must be one of {', '.join(APPROVAL_POLICIES)}, not {policy!r}"
+        )
+
+
+def check_deadline(seconds: Any) -> float:
+    """A turn's deadline in seconds, refused unless positive, finite and within the limit."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise errors.InvalidDeadline("deadline_seconds must be a number of seconds")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_DEADLINE_SECONDS:
+        raise errors.InvalidDeadline(
+            f"deadline_seconds must be more than 0 and at most {MAX_DEADLINE_SECONDS:g},"
+            f" not {seconds!r}"
+        )
+    return float(seconds)
+
+
+def deadline_after(submitted: datetime, seconds: float | None) -> datetime | None:
+    """The absolute deadline of a turn submitted at ``submitted`` (None: no deadline)."""
+    return None if not seconds else submitted + timedelta(seconds=check_deadline(seconds))
 
 
 def describe_unknown_call(call: ToolCall) -> dict[str, Any]:

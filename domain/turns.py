@@ -13,6 +13,11 @@ from typing import Any
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TOOL_ATTEMPTS = 3
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600.0  # the longest deadline a turn may be given
+MAX_QUEUED_TURNS = 100  # follow-up turns a session may hold queued behind the current one
+DEADLINE_REASON = "deadline"
+RUNTIME_ACTOR = "turnlog"  # the actor of what the runtime decides by itself (deadlines)
+APPROVAL_POLICIES = ("none", "side_effecting", "all")
 
 
 class TurnState(StrEnum):
@@ -24,10 +29,17 @@ class TurnState(StrEnum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     ABANDONED = "abandoned"
+    CANCELLED = "cancelled"  # stopped by an operator or by its deadline
+    AWAITING_APPROVAL = "awaiting_approval"  # a proposed call waits for an operator
 
     @property
     def is_open(self) -> bool:
-        return self in (TurnState.QUEUED, TurnState.RUNNING, TurnState.INTERRUPTED)
+        return self in (
+            TurnState.QUEUED,
+            TurnState.RUNNING,
+            TurnState.INTERRUPTED,
+            TurnState.AWAITING_APPROVAL,
+        )
 
 
 class CallState(StrEnum):
@@ -40,6 +52,9 @@ class CallState(StrEnum):
     UNKNOWN = "unknown"
     RESOLVED = "resolved"
     ABANDONED = "abandoned"
+    PROPOSED = "proposed"  # needs an operator's approval before it may start
+    REJECTED = "rejected"  # an operator refused it; it never ran
+    CANCELLED = "cancelled"  # not run, or stopped, because its turn was cancelled
 
 
 class ProbeAnswer(StrEnum):
@@ -92,6 +107,10 @@ class ToolCall:
     owner: dict[str, Any] = field(default_factory=dict)
     probes: list[dict[str, Any]] = field(default_factory=list)
     evidence: dict[str, Any] = field(default_factory=dict)  # of a resolution by probe
+    # Approval: "" (none asked), "required" (proposed, waiting), "approved", "rejected".
+    approval: str = ""
+    # The arguments the model asked for, when an operator approved edited ones.
+    proposed_arguments: dict[str, Any] | None = None
 
     @property
     def last_probe(self) -> dict[str, Any] | None:
@@ -112,6 +131,8 @@ class ToolCall:
             CallState.FAILED,
             CallState.RESOLVED,
             CallState.ABANDONED,
+            CallState.REJECTED,
+            CallState.CANCELLED,
         )
 
 
@@ -170,6 +191,20 @@ class Turn:
     interrupted_by: str = ""  # the process whose recovery interrupted it
     unknown_call_ids: list[str] = field(default_factory=list)
     first_version: int = 0  # the session version of its TurnSubmitted (0: not known yet)
+    # When the runtime cancels it (reason "deadline"); None: no deadline.
+    deadline_at: datetime | None = None
+    # A cancel an operator asked for while it ran; its owner acts on it at a step boundary.
+    cancel_reason: str = ""
+    cancel_actor: str = ""
+    cancel_force: bool = False
+
+    def cancel_due(self, now: datetime | None) -> str:
+        """Why the turn must stop now ('' when it need not): a cancel request or its deadline."""
+        if self.cancel_reason:
+            return self.cancel_reason
+        if now is not None and self.deadline_at is not None and now >= self.deadline_at:
+            return DEADLINE_REASON
+        return ""
 
 
 @dataclass(frozen=True)

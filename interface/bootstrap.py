@@ -22,7 +22,7 @@ from turnlog.application.providers import FixtureProvider, ProviderRegistry
 from turnlog.application.python_tools import load_modules, module_names
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
-from turnlog.application.settings import Settings
+from turnlog.application.settings import Settings, split_names
 from turnlog.application.tools import ToolRegistry, builtin_tools
 
 
@@ -79,6 +79,15 @@ def python_tool_modules(settings: Settings) -> list[str]:
     return module_names(settings.tool_modules, listed)
 
 
+def approval_tools(settings: Settings, tools: ToolRegistry) -> frozenset[str]:
+    """TURNLOG_APPROVAL_TOOLS as names; a name no tool has is refused at start-up."""
+    names = split_names(settings.approval_tools or "")
+    unknown = sorted(set(names) - set(tools.names()))
+    if unknown:
+        raise ConfigurationError(f"TURNLOG_APPROVAL_TOOLS names unknown tools: {unknown}")
+    return frozenset(names)
+
+
 def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry:
     """Every provider a session may name; the OpenAI one connects on first use only."""
     openai = OpenAIConfig(
@@ -101,6 +110,7 @@ def build_runtime(settings: Settings) -> Runtime:
     providers = build_providers(settings, tools)
     db = database.locate(settings)
     sessions = open_sessions(settings, db)
+    sessions.default_deadline_seconds = settings.turn_deadline_seconds
     executor = Executor(
         sessions=sessions,
         providers=providers,
@@ -109,5 +119,6 @@ def build_runtime(settings: Settings) -> Runtime:
         sandbox_root=settings.sandbox_root,
         max_steps=settings.max_steps,
         namespace=settings.namespace,
+        approval_tools=approval_tools(settings, tools),
     )
     return Runtime(settings=settings, db=db, sessions=sessions, executor=executor)

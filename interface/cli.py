@@ -46,6 +46,8 @@ turns_app = typer.Typer(help="Operator actions on turns and tool calls.", no_arg
 db_app = typer.Typer(help="Prepare and inspect the database.", no_args_is_help=True)
 app.add_typer(sessions_app, name="sessions")
 app.add_typer(turns_app, name="turns")
+tool_calls_app = typer.Typer(help="Approve or reject proposed tool calls.", no_args_is_help=True)
+app.add_typer(tool_calls_app, name="tool-calls")
 app.add_typer(db_app, name="db")
 app.add_typer(demo_app, name="demo")
 app.add_typer(sandboxes_app, name="sandboxes")
@@ -398,6 +400,77 @@ def turns_resolve(
         return 0 if final.state == "completed" else 1
 
     raise typer.Exit(run(ctx, resolve))
+
+
+@turns_app.command("cancel")
+def turns_cancel(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    turn_id: Annotated[str, typer.Argument(help="Turn id.")],
+    reason: Annotated[str, typer.Option(help="Why the turn is stopped (recorded).")],
+    actor: Annotated[str, typer.Option(help="Who decides (recorded).")] = "",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Also kill a side-effecting call in flight (its outcome is unknown)."
+        ),
+    ] = False,
+) -> None:
+    """Cancel a turn: at once if queued or awaiting approval, else at its next step."""
+    sid = parse_uuid(session_id)
+    done, written = run(
+        ctx, lambda rt: rt.cancel_turn(sid, turn_id, reason, actor or default_actor(), force)
+    )
+    out.print(
+        f"turn {turn_id} {done if done == 'cancelled' else 'cancel requested'}"
+        f" (position {written.position})"
+    )
+
+
+@tool_calls_app.command("approve")
+def tool_calls_approve(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    call_id: Annotated[str, typer.Argument(help="Tool call id.")],
+    note: Annotated[str, typer.Option(help="Why (recorded).")] = "",
+    actor: Annotated[str, typer.Option(help="Who decides (recorded).")] = "",
+    arguments: Annotated[
+        str | None, typer.Option(help="Edited arguments as a JSON object (checked).")
+    ] = None,
+) -> None:
+    """Let a proposed tool call start; a worker runs it."""
+    sid = parse_uuid(session_id)
+    edited = None
+    if arguments is not None:
+        try:
+            edited = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            fail(2, f"--arguments is not valid JSON: {exc.msg}")
+    turn, written = run(
+        ctx,
+        lambda rt: rt.approve_tool_call(sid, call_id, actor or default_actor(), note, edited),
+    )
+    out.print(
+        f"call {call_id} approved; turn {turn.turn_id} {turn.state} (position {written.position})"
+    )
+
+
+@tool_calls_app.command("reject")
+def tool_calls_reject(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    call_id: Annotated[str, typer.Argument(help="Tool call id.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded; the model is told).")],
+    actor: Annotated[str, typer.Option(help="Who decides (recorded).")] = "",
+) -> None:
+    """Refuse a proposed tool call; the model is told the reason and the turn goes on."""
+    sid = parse_uuid(session_id)
+    turn, written = run(
+        ctx, lambda rt: rt.reject_tool_call(sid, call_id, actor or default_actor(), reason)
+    )
+    out.print(
+        f"call {call_id} rejected; turn {turn.turn_id} {turn.state} (position {written.position})"
+    )
 
 
 @turns_app.command("show")

@@ -121,6 +121,7 @@ _TABLE: list[_Entry] = [
     _Entry(app_errors.InvalidQuery, 422, "Invalid query"),
     _Entry(app_errors.ConfigurationError, 422, "Invalid configuration"),
     _Entry(app_errors.InvalidNamespace, 422, "Invalid namespace"),
+    _Entry(app_errors.InvalidToolArguments, 422, "Invalid tool arguments"),
     _Entry(app_errors.DatabaseUnavailable, 503, "Database unavailable", retry_after=5),
     _Entry(InvalidRequest, 422, "Invalid request"),
     _Entry(Unauthorized, 401, "Unauthorized"),

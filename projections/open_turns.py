@@ -17,7 +17,12 @@ from turnlog.domain.turns import TurnState
 from turnlog.projections.rows import Row, Table, turn_scope
 from turnlog.projections.view import PostgresReadModelView, ReadModelView
 
-STATES = (TurnState.QUEUED.value, TurnState.RUNNING.value, TurnState.INTERRUPTED.value)
+STATES = (
+    TurnState.QUEUED.value,
+    TurnState.RUNNING.value,
+    TurnState.INTERRUPTED.value,
+    TurnState.AWAITING_APPROVAL.value,
+)
 
 TABLE = Table(
     columns=(
@@ -31,6 +36,8 @@ TABLE = Table(
         ("submitted_at", "timestamptz"),
         ("submitted_position", "bigint"),
         ("state_since", "timestamptz"),
+        ("proposed_call_ids", "text[]"),  # calls waiting for an operator's approval
+        ("deadline_at", "timestamptz"),
     ),
     key=("session_id", "turn_id"),
     scope=("session_id", "turn_id"),
@@ -80,6 +87,8 @@ class OpenTurnsProjection(Projection[ReadModelView]):
                     "submitted_at": event.timestamp,
                     "submitted_position": tracking.notification_id,
                     "state_since": event.timestamp,
+                    "proposed_call_ids": [],
+                    "deadline_at": event.deadline_at,
                 }
             )
 
@@ -126,9 +135,45 @@ class OpenTurnsProjection(Projection[ReadModelView]):
                     state_since=event.timestamp,
                 )
 
+    @process_event.register
+    def _(self, event: Session.ToolCallProposed, tracking: Tracking) -> None:
+        key = (event.originator_id, event.turn_id)
+        with self.view.change(event, tracking) as rows:
+            row = rows.get(key)
+            if row is None:
+                return
+            rows.update(
+                key,
+                state=TurnState.AWAITING_APPROVAL.value,
+                worker_id="",
+                proposed_call_ids=[*(row.get("proposed_call_ids") or []), event.call_id],
+                state_since=event.timestamp,
+            )
+
+    @process_event.register(Session.ToolCallApproved)
+    @process_event.register(Session.ToolCallRejected)
+    def _(self, event: Any, tracking: Tracking) -> None:
+        key = (event.originator_id, event.turn_id)
+        with self.view.change(event, tracking) as rows:
+            row = rows.get(key)
+            if row is None:
+                return
+            remaining = [c for c in row.get("proposed_call_ids") or [] if c != event.call_id]
+            if remaining:
+                rows.update(key, proposed_call_ids=remaining)
+            else:
+                # No call waits any more: the turn runs again, for a new owner.
+                rows.update(
+                    key,
+                    state=TurnState.RUNNING.value,
+                    proposed_call_ids=[],
+                    state_since=event.timestamp,
+                )
+
     @process_event.register(Session.TurnCompleted)
     @process_event.register(Session.TurnFailed)
     @process_event.register(Session.TurnAbandoned)
+    @process_event.register(Session.TurnCancelled)
     def _(self, event: Any, tracking: Tracking) -> None:
         with self.view.change(event, tracking) as rows:
             rows.delete((event.originator_id, event.turn_id))

@@ -2,7 +2,9 @@
 
 Status follows ``Session.status``: ``closed`` once closed, otherwise from
 the last turn: ``busy`` (queued or running), ``blocked`` (interrupted),
-``idle`` (no turn, or the last one completed, failed or was abandoned).
+``awaiting_approval`` (a proposed call waits for an operator), ``idle`` (no
+turn, or the last one completed, failed, was abandoned or cancelled). With
+follow-ups queued, the last turn is the newest of them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from turnlog.domain.turns import TurnState
 from turnlog.projections.rows import Row, Rows, Table, session_scope
 from turnlog.projections.view import PostgresReadModelView, ReadModelView
 
-STATUSES = ("idle", "busy", "blocked", "closed")
+STATUSES = ("idle", "busy", "blocked", "awaiting_approval", "closed")
 
 TABLE = Table(
     columns=(
@@ -52,6 +54,8 @@ def status_of(closed: bool, last_turn_state: str | None) -> str:
         return "busy"
     if last_turn_state == TurnState.INTERRUPTED:
         return "blocked"
+    if last_turn_state == TurnState.AWAITING_APPROVAL:
+        return "awaiting_approval"
     return "idle"
 
 
@@ -177,6 +181,23 @@ class SessionsProjection(Projection[ReadModelView]):
             else:
                 # Every outcome is known again: the turn waits for a new owner.
                 _advance_turn(rows, event, tracking, TurnState.RUNNING, unknown_call_ids=[])
+
+    @process_event.register
+    def _(self, event: Session.TurnCancelled, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, TurnState.CANCELLED, unknown_call_ids=[])
+
+    @process_event.register
+    def _(self, event: Session.ToolCallProposed, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, TurnState.AWAITING_APPROVAL)
+
+    @process_event.register(Session.ToolCallApproved)
+    @process_event.register(Session.ToolCallRejected)
+    def _(self, event: Any, tracking: Tracking) -> None:
+        # Calls are proposed one at a time: once decided, the turn runs again.
+        with self.view.change(event, tracking) as rows:
+            _advance_turn(rows, event, tracking, TurnState.RUNNING)
 
     @process_event.register
     def _(self, event: Session.SessionClosed, tracking: Tracking) -> None:

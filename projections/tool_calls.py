@@ -164,6 +164,40 @@ class ToolCallsProjection(Projection[ReadModelView]):
                 if row["state"] == CallState.PENDING:
                     _finish_row(rows, row, event, "not run: turn abandoned: " + event.reason)
 
+    @process_event.register
+    def _(self, event: Session.ToolCallProposed, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            rows.update((event.originator_id, event.call_id), state=CallState.PROPOSED.value)
+
+    @process_event.register
+    def _(self, event: Session.ToolCallApproved, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            rows.update((event.originator_id, event.call_id), state=CallState.PENDING.value)
+
+    @process_event.register
+    def _(self, event: Session.ToolCallRejected, tracking: Tracking) -> None:
+        with self.view.change(event, tracking) as rows:
+            _finish(
+                rows,
+                event,
+                CallState.REJECTED,
+                error_summary=summarize("rejected by operator: " + event.reason),
+            )
+
+    @process_event.register
+    def _(self, event: Session.TurnCancelled, tracking: Tracking) -> None:
+        # As the aggregate does: every call of the turn without an outcome is cancelled.
+        with self.view.change(event, tracking) as rows:
+            for row in rows.in_scope((event.originator_id, event.turn_id)):
+                if row["call_id"] in event.call_ids:
+                    rows.update(
+                        (row["session_id"], row["call_id"]),
+                        state=CallState.CANCELLED.value,
+                        error_summary=summarize("cancelled: " + event.reason),
+                        finished_at=event.timestamp,
+                        duration_seconds=seconds_between(row["started_at"], event.timestamp),
+                    )
+
 
 def _finish(rows: Rows, event: Any, state: CallState, **changes: Any) -> None:
     row = rows.get((event.originator_id, event.call_id))

@@ -280,6 +280,14 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
                 keys,
             )
         )
+        # A column added to a read model after its table was created (rows folded
+        # before it hold NULL there until a rebuild; handlers read it as empty).
+        for name, sql_type in table.columns:
+            self.sql_create_statements.append(
+                sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
+                    self._qualified, ident(name), sql.SQL(sql_type)
+                )
+            )
         for columns in table.indexes:
             index_name = f"{self.table_name}_{'_'.join(columns)}_idx"[: self.MAX_IDENTIFIER_LEN]
             self.sql_create_statements.append(

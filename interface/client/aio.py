@@ -14,6 +14,7 @@ from turnlog.interface.client import calls
 from turnlog.interface.client.calls import Call, RetryPolicy, SessionRef, SseParser
 from turnlog.interface.client.errors import ApiError, ServerUnreachable
 from turnlog.interface.client.models import (
+    CancelWritten,
     Delta,
     Event,
     EventsPage,
@@ -204,6 +205,36 @@ class AsyncClient:
         return await self._send(
             calls.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
         )
+
+    async def cancel_turn(
+        self,
+        session_id: SessionRef,
+        turn_id: str,
+        *,
+        reason: str,
+        actor: str,
+        force: bool = False,
+    ) -> CancelWritten:
+        """Stop a turn: at once if queued or awaiting approval, else at its next step."""
+        return await self._send(calls.cancel_turn(session_id, turn_id, reason, actor, force))
+
+    async def approve_call(
+        self,
+        session_id: SessionRef,
+        call_id: str,
+        *,
+        actor: str,
+        note: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> TurnWritten:
+        """Let a proposed tool call start, optionally with edited arguments."""
+        return await self._send(calls.approve_call(session_id, call_id, actor, note, arguments))
+
+    async def reject_call(
+        self, session_id: SessionRef, call_id: str, *, actor: str, reason: str
+    ) -> TurnWritten:
+        """Refuse a proposed tool call; the model is told the reason."""
+        return await self._send(calls.reject_call(session_id, call_id, actor, reason))
 
     # --------------------------------------------------------------- events
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from turnlog.interface.client.errors import ApiError, NotATurnlogServer
 from turnlog.interface.client.models import (
+    CancelWritten,
     Delta,
     Event,
     EventsPage,
@@ -235,6 +236,34 @@ def resolve_tool_call(
     path = f"/v1/sessions/{_sid(session_id)}/tool-calls/{call_id}/resolve"
     body = {"outcome": outcome, "result": result, "note": note, "actor": actor}
     return Call("POST", path, TurnWritten, body=body)
+
+
+def cancel_turn(
+    session_id: SessionRef, turn_id: str, reason: str, actor: str, force: bool
+) -> Call[CancelWritten]:
+    path = f"/v1/sessions/{_sid(session_id)}/turns/{turn_id}/cancel"
+    body = {"reason": reason, "actor": actor, "force": force}
+    # A repeat asks for what is already asked (or answers turn_finished): safe.
+    return Call("POST", path, CancelWritten, body=body, safe=True)
+
+
+def approve_call(
+    session_id: SessionRef,
+    call_id: str,
+    actor: str,
+    note: str,
+    arguments: dict[str, Any] | None,
+) -> Call[TurnWritten]:
+    path = f"/v1/sessions/{_sid(session_id)}/tool-calls/{call_id}/approve"
+    body: dict[str, Any] = {"actor": actor, "note": note}
+    if arguments is not None:
+        body["arguments"] = arguments
+    return Call("POST", path, TurnWritten, body=body)
+
+
+def reject_call(session_id: SessionRef, call_id: str, actor: str, reason: str) -> Call[TurnWritten]:
+    path = f"/v1/sessions/{_sid(session_id)}/tool-calls/{call_id}/reject"
+    return Call("POST", path, TurnWritten, body={"actor": actor, "reason": reason})
 
 
 def events(session_id: SessionRef, after: int, limit: int) -> Call[EventsPage]:

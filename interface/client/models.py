@@ -15,10 +15,30 @@ from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
-TurnState = Literal["queued", "running", "completed", "failed", "interrupted", "abandoned"]
-CallState = Literal["pending", "started", "succeeded", "failed", "unknown", "resolved", "abandoned"]
-SessionStatus = Literal["idle", "busy", "blocked", "closed"]
-OpenTurnState = Literal["queued", "running", "interrupted"]
+TurnState = Literal[
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "interrupted",
+    "abandoned",
+    "cancelled",
+    "awaiting_approval",
+]
+CallState = Literal[
+    "pending",
+    "started",
+    "succeeded",
+    "failed",
+    "unknown",
+    "resolved",
+    "abandoned",
+    "proposed",
+    "rejected",
+    "cancelled",
+]
+SessionStatus = Literal["idle", "busy", "blocked", "awaiting_approval", "closed"]
+OpenTurnState = Literal["queued", "running", "interrupted", "awaiting_approval"]
 
 
 class Model(BaseModel):
@@ -54,6 +74,10 @@ class ToolCall(Model):
     outcome: str
     note: str
     actor: str
+    approval: str = Field("", description="'' (none asked), required, approved or rejected.")
+    proposed_arguments: dict[str, Any] | None = Field(
+        None, description="What the model asked for, when approved with edited arguments."
+    )
 
 
 class Turn(Model):
@@ -75,6 +99,9 @@ class Turn(Model):
     steps: list[Step]
     tool_calls: list[ToolCall]
     unknown_call_ids: list[str]
+    deadline_at: datetime | None = Field(None, description="When the runtime cancels it.")
+    cancel_reason: str = Field("", description="A cancel asked while it ran (its owner acts).")
+    cancel_force: bool = False
 
     @property
     def finished(self) -> bool:
@@ -128,7 +155,23 @@ class Session(Model):
     turn_count: int = Field(description="Turns submitted to the session, open ones included.")
     turn_counts: dict[TurnState, int] = Field(description="Turns by state.")
     last_turn: LastTurn | None
-    open_turn: Turn | None = Field(description="The queued, running or interrupted turn.")
+    open_turn: Turn | None = Field(
+        description="The current turn: queued, running, awaiting approval or interrupted."
+    )
+    queued_turns: list[QueuedTurn] = Field(
+        default_factory=list, description="Follow-ups queued behind it, in the order they run."
+    )
+    approval_policy: str = "none"
+    deadline_seconds: float | None = Field(None, description="Default deadline of its turns.")
+
+
+class QueuedTurn(Model):
+    """A follow-up turn waiting behind the session's current one."""
+
+    turn_id: str
+    message: str
+    submitted_at: datetime | None
+    deadline_at: datetime | None
 
 
 class SessionWritten(Session):
@@ -142,6 +185,12 @@ class TurnWritten(Turn):
 
     session_id: UUID
     position: int | None = Field(description="Log position; pass as min_position to lists.")
+
+
+class CancelWritten(TurnWritten):
+    """A turn after a cancel: cancelled at once, or a request its owner acts on."""
+
+    cancel: Literal["cancelled", "requested"]
 
 
 class Event(Model):
@@ -210,6 +259,8 @@ class OpenTurnRow(Model):
     submitted_at: datetime | None
     submitted_position: int
     state_since: datetime | None
+    proposed_call_ids: list[str] | None = None
+    deadline_at: datetime | None = None
 
 
 class ToolCallRow(Model):
@@ -273,6 +324,8 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Session: "SessionOut",
     SessionWritten: "SessionWritten",
     TurnWritten: "TurnWritten",
+    CancelWritten: "CancelWritten",
+    QueuedTurn: "QueuedTurnOut",
     Event: "EventOut",
     EventsPage: "EventsPage",
     SessionRow: "SessionRow",

@@ -13,6 +13,7 @@ from turnlog.interface.client import calls
 from turnlog.interface.client.calls import Call, RetryPolicy, SessionRef, SseParser
 from turnlog.interface.client.errors import ApiError, ServerUnreachable
 from turnlog.interface.client.models import (
+    CancelWritten,
     Delta,
     Event,
     EventsPage,
@@ -200,6 +201,36 @@ class Client:
         return self._send(
             calls.resolve_tool_call(session_id, call_id, outcome, result, note, actor)
         )
+
+    def cancel_turn(
+        self,
+        session_id: SessionRef,
+        turn_id: str,
+        *,
+        reason: str,
+        actor: str,
+        force: bool = False,
+    ) -> CancelWritten:
+        """Stop a turn: at once if queued or awaiting approval, else at its next step."""
+        return self._send(calls.cancel_turn(session_id, turn_id, reason, actor, force))
+
+    def approve_call(
+        self,
+        session_id: SessionRef,
+        call_id: str,
+        *,
+        actor: str,
+        note: str = "",
+        arguments: dict[str, Any] | None = None,
+    ) -> TurnWritten:
+        """Let a proposed tool call start, optionally with edited arguments."""
+        return self._send(calls.approve_call(session_id, call_id, actor, note, arguments))
+
+    def reject_call(
+        self, session_id: SessionRef, call_id: str, *, actor: str, reason: str
+    ) -> TurnWritten:
+        """Refuse a proposed tool call; the model is told the reason."""
+        return self._send(calls.reject_call(session_id, call_id, actor, reason))
 
     # --------------------------------------------------------------- events
 

@@ -15,11 +15,30 @@ from pydantic import BaseModel, ConfigDict, Field
 
 T = TypeVar("T")
 
-TurnStateName = Literal["queued", "running", "completed", "failed", "interrupted", "abandoned"]
-CallStateName = Literal[
-    "pending", "started", "succeeded", "failed", "unknown", "resolved", "abandoned"
+TurnStateName = Literal[
+    "queued",
+    "running",
+    "completed",
+    "failed",
+    "interrupted",
+    "abandoned",
+    "cancelled",
+    "awaiting_approval",
 ]
-SessionStatusName = Literal["idle", "busy", "blocked", "closed"]
+OpenTurnStateName = Literal["queued", "running", "interrupted", "awaiting_approval"]
+CallStateName = Literal[
+    "pending",
+    "started",
+    "succeeded",
+    "failed",
+    "unknown",
+    "resolved",
+    "abandoned",
+    "proposed",
+    "rejected",
+    "cancelled",
+]
+SessionStatusName = Literal["idle", "busy", "blocked", "awaiting_approval", "closed"]
 
 
 class Strict(BaseModel):
@@ -52,6 +71,16 @@ class CreateSessionRequest(Strict):
         description="Context-window policy: when a request would exceed it, the oldest turns"
         " are summarised first. Omitted: the server's default (TURNLOG_CONTEXT_MAX_*).",
     )
+    approval_policy: Literal["none", "side_effecting", "all"] | None = Field(
+        None,
+        description="Which tool calls wait for an operator's approval: none, those of"
+        " side-effecting tools, or all. Omitted: TURNLOG_APPROVAL_POLICY.",
+    )
+    deadline_seconds: float | None = Field(
+        None,
+        description="Default deadline of the session's turns, in seconds (at most 7 days)."
+        " Omitted: TURNLOG_TURN_DEADLINE_SECONDS, or none.",
+    )
 
 
 class ContextPolicyIn(Strict):
@@ -72,6 +101,40 @@ class SubmitTurnRequest(Strict):
     """A user message; it becomes a queued turn."""
 
     message: str = Field(description="The user message (1 byte to 64 KiB).")
+    deadline_seconds: float | None = Field(
+        None,
+        description="Cancel the turn (reason `deadline`) this many seconds after submission"
+        " (more than 0, at most 7 days). Omitted: the session's default, then the server's.",
+    )
+
+
+class CancelTurnRequest(Strict):
+    """Stop a turn: at once if queued or awaiting approval, at its next step if running."""
+
+    reason: str = Field(min_length=1, max_length=2000, description="Why (recorded).")
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+    force: bool = Field(
+        False,
+        description="Also kill a side-effecting call in flight; its outcome becomes unknown"
+        " and the turn is interrupted.",
+    )
+
+
+class ApproveToolCallRequest(Strict):
+    """Let a proposed tool call start, optionally with edited arguments."""
+
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+    note: str = Field("", max_length=2000, description="Why (recorded).")
+    arguments: dict[str, Any] | None = Field(
+        None, description="Edited arguments, checked against the tool's schema (omitted: as asked)."
+    )
+
+
+class RejectToolCallRequest(Strict):
+    """Refuse a proposed tool call; the model is told the reason."""
+
+    actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
+    reason: str = Field(min_length=1, max_length=2000, description="Why (recorded).")
 
 
 class AbandonTurnRequest(Strict):
@@ -139,6 +202,10 @@ class ToolCallOut(BaseModel):
     outcome: str
     note: str
     actor: str
+    approval: str = Field("", description="'' (none asked), required, approved or rejected.")
+    proposed_arguments: dict[str, Any] | None = Field(
+        None, description="What the model asked for, when approved with edited arguments."
+    )
     pre_state: dict[str, Any] = Field(
         default_factory=dict, description="What the intent recorded for the tool's probe."
     )
@@ -169,6 +236,9 @@ class TurnOut(BaseModel):
     steps: list[StepOut]
     tool_calls: list[ToolCallOut]
     unknown_call_ids: list[str]
+    deadline_at: datetime | None = Field(None, description="When the runtime cancels it.")
+    cancel_reason: str = Field("", description="A cancel asked while it ran (its owner acts).")
+    cancel_force: bool = False
 
 
 class ContextPolicyOut(BaseModel):
@@ -218,7 +288,23 @@ class SessionOut(BaseModel):
     turn_count: int = Field(description="Turns submitted to the session, open ones included.")
     turn_counts: dict[TurnStateName, int] = Field(description="Turns by state.")
     last_turn: LastTurnOut | None
-    open_turn: TurnOut | None = Field(description="The queued, running or interrupted turn.")
+    open_turn: TurnOut | None = Field(
+        description="The current turn: queued, running, awaiting approval or interrupted."
+    )
+    queued_turns: list[QueuedTurnOut] = Field(
+        default_factory=list, description="Follow-ups queued behind it, in the order they run."
+    )
+    approval_policy: str = "none"
+    deadline_seconds: float | None = Field(None, description="Default deadline of its turns.")
+
+
+class QueuedTurnOut(BaseModel):
+    """A follow-up turn waiting behind the session's current one."""
+
+    turn_id: str
+    message: str
+    submitted_at: datetime | None
+    deadline_at: datetime | None
 
 
 class SessionWritten(SessionOut):
@@ -232,6 +318,12 @@ class TurnWritten(TurnOut):
 
     session_id: UUID
     position: int | None = Field(description="Log position; pass as ?min_position to lists.")
+
+
+class CancelWritten(TurnWritten):
+    """A turn after a cancel: cancelled at once, or a request its owner acts on."""
+
+    cancel: Literal["cancelled", "requested"]
 
 
 class EventOut(BaseModel):
@@ -322,7 +414,7 @@ class OpenTurnRow(BaseModel):
 
     session_id: UUID
     turn_id: str
-    state: Literal["queued", "running", "interrupted"]
+    state: OpenTurnStateName
     claim: int | None
     worker_id: str | None
     previous_worker: str | None
@@ -330,6 +422,8 @@ class OpenTurnRow(BaseModel):
     submitted_at: datetime | None
     submitted_position: int
     state_since: datetime | None
+    proposed_call_ids: list[str] | None = None
+    deadline_at: datetime | None = None
 
 
 class ToolCallRow(BaseModel):
@@ -359,7 +453,7 @@ class ToolCallRow(BaseModel):
 class OpenTurnStateOut(BaseModel):
     """How many turns are open in one state, and since when the oldest of them."""
 
-    state: Literal["queued", "running", "interrupted"]
+    state: OpenTurnStateName
     count: int
     oldest_submitted_at: datetime | None
 

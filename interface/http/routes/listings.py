@@ -41,7 +41,8 @@ async def list_open_turns(
     state: StateDep,
     read_models: ReadModelsDep,
     turn_state: Annotated[
-        Literal["queued", "running", "interrupted"] | None, Query(alias="state")
+        Literal["queued", "running", "interrupted", "awaiting_approval"] | None,
+        Query(alias="state"),
     ] = None,
     limit: Limit = 50,
     cursor: Cursor = None,

@@ -61,9 +61,10 @@ def create_session(
     fields = _session_fields(runtime, body)
     if idempotency_key:
         request = body.model_dump(mode="json")
-        if request.get("context") is None:
-            # Bodies without a policy hash as they did before the field existed.
-            request.pop("context", None)
+        for name in ("context", "approval_policy", "deadline_seconds"):
+            if request.get(name) is None:
+                # Bodies without them hash as they did before the fields existed.
+                request.pop(name, None)
         started = start_session_once(
             runtime.sessions, runtime.settings.namespace, idempotency_key, request, **fields
         )
@@ -102,6 +103,8 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
         "metadata": body.metadata,
         "created_by": body.created_by or "api",
         **_context_fields(runtime, body),
+        "approval_policy": body.approval_policy or runtime.settings.approval_policy,
+        "deadline_seconds": body.deadline_seconds,
     }
 
 
@@ -123,7 +126,7 @@ def _written(runtime: Runtime, written: Written) -> SessionWritten:
 async def list_sessions(
     state: StateDep,
     read_models: ReadModelsDep,
-    status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+    status: Literal["idle", "busy", "blocked", "awaiting_approval", "closed"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     min_position: MinPosition = None,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import functools
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from fastapi import APIRouter, Query, Response
@@ -19,6 +20,10 @@ from turnlog.interface.http.deps import (
 from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     AbandonTurnRequest,
+    ApproveToolCallRequest,
+    CancelTurnRequest,
+    CancelWritten,
+    RejectToolCallRequest,
     ResolveToolCallRequest,
     SubmitTurnRequest,
     TurnOut,
@@ -55,6 +60,13 @@ async def submit_turn(
         float | None,
         Query(gt=0, le=60, description="Wait up to this many seconds for the turn to finish."),
     ] = None,
+    multitask: Annotated[
+        Literal["reject", "enqueue"],
+        Query(
+            description="While a turn is queued or running: `reject` (409 turn_in_progress)"
+            " or `enqueue` (queue this one behind it; turns run in the order submitted)."
+        ),
+    ] = "reject",
 ) -> TurnWritten:
     """Submit a user message as a new turn.
 
@@ -65,10 +77,12 @@ async def submit_turn(
     when every wait slot of the server is taken it is refused before anything
     is written (503 `too_many_waits`, with Retry-After).
 
-    Refused with 409 while the last turn is open (`turn_in_progress`), when
-    it is interrupted (`unresolved_turn`, listing the calls of unknown
-    outcome), or when the session is closed (`session_closed`). A repeated
-    `Idempotency-Key` returns the turn it created.
+    Refused with 409 while a turn is queued or running (`turn_in_progress`)
+    unless `?multitask=enqueue`, when it is interrupted (`unresolved_turn`,
+    listing the calls of unknown outcome; also with `enqueue`), or when the
+    session is closed (`session_closed`). A repeated `Idempotency-Key`
+    returns the turn it created. `deadline_seconds` bounds the turn in time:
+    past it, the runtime cancels it (reason `deadline`).
     """
     sessions = runtime.sessions
     # A wait slot is taken before anything is written: refused (503
@@ -76,7 +90,14 @@ async def submit_turn(
     release = state.waits.acquire() if wait is not None else None
     try:
         submitted: Submitted = await run_in_threadpool(
-            sessions.submit_turn, session_id, body.message, idempotency_key or ""
+            functools.partial(
+                sessions.submit_turn,
+                session_id,
+                body.message,
+                idempotency_key or "",
+                enqueue=multitask == "enqueue",
+                deadline_seconds=body.deadline_seconds,
+            )
         )
         state.wake_worker(session_id)
         position = submitted.position
@@ -154,6 +175,86 @@ async def resolve_tool_call(
         body.result,
         body.note,
         body.actor,
+    )
+    state.wake_worker(session_id)
+    view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
+    return _turn_written(session_id, view, written.position)
+
+
+@router.post(
+    "/sessions/{session_id}/turns/{turn_id}/cancel",
+    response_model=CancelWritten,
+    responses=problems(401, 404, 409, 413, 422, 503),
+)
+async def cancel_turn(
+    session_id: UUID,
+    turn_id: str,
+    body: CancelTurnRequest,
+    runtime: RuntimeDep,
+    state: StateDep,
+) -> CancelWritten:
+    """Stop a turn (recorded with actor and reason).
+
+    A queued turn, or one awaiting approval, is cancelled at once
+    (`cancel: cancelled`). A running one gets a request (`cancel: requested`):
+    its worker stops at the next step boundary, stopping a read_only or
+    idempotent call in flight (its process group is killed) and letting a
+    side_effecting one finish — unless `force`, which kills it too: its
+    outcome is then unknown and the turn interrupted. 409 `turn_finished`
+    for a turn that has already ended.
+    """
+    done, written = await run_in_threadpool(
+        runtime.cancel_turn, session_id, turn_id, body.reason, body.actor, body.force
+    )
+    state.wake_worker(session_id)
+    view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn_id)
+    return CancelWritten.model_validate(
+        {**view, "session_id": session_id, "position": written.position, "cancel": done}
+    )
+
+
+@router.post(
+    "/sessions/{session_id}/tool-calls/{call_id}/approve",
+    response_model=TurnWritten,
+    responses=problems(401, 404, 409, 413, 422, 503),
+)
+async def approve_tool_call(
+    session_id: UUID,
+    call_id: str,
+    body: ApproveToolCallRequest,
+    runtime: RuntimeDep,
+    state: StateDep,
+) -> TurnWritten:
+    """Let a proposed tool call start (recorded with actor and note).
+
+    Edited `arguments` replace the model's and must match the tool's schema
+    (422 `invalid_tool_arguments`). A call that is not waiting for approval
+    is refused with 409 `call_not_proposed`.
+    """
+    turn, written = await run_in_threadpool(
+        runtime.approve_tool_call, session_id, call_id, body.actor, body.note, body.arguments
+    )
+    state.wake_worker(session_id)
+    view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
+    return _turn_written(session_id, view, written.position)
+
+
+@router.post(
+    "/sessions/{session_id}/tool-calls/{call_id}/reject",
+    response_model=TurnWritten,
+    responses=problems(401, 404, 409, 413, 422, 503),
+)
+async def reject_tool_call(
+    session_id: UUID,
+    call_id: str,
+    body: RejectToolCallRequest,
+    runtime: RuntimeDep,
+    state: StateDep,
+) -> TurnWritten:
+    """Refuse a proposed tool call: the model is told "rejected by operator: reason",
+    and the turn goes on. 409 `call_not_proposed` for a call not waiting for approval."""
+    turn, written = await run_in_threadpool(
+        runtime.reject_tool_call, session_id, call_id, body.actor, body.reason
     )
     state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
