@@ -13,7 +13,7 @@ from uuid import UUID
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
-from turnlog.domain.session import Session
+from turnlog.domain.session import Session, retaining
 from turnlog.domain.turns import Effect
 
 WORKER = "test-worker"
@@ -58,7 +58,8 @@ def scripted_history(rt: Runtime) -> Scripted:
     out.turns["tool_succeeded"] = run("done", '/tool echo {"text": "x"}')
     out.turns["tool_failed"] = run("done", '/tool sleep {"seconds": "soon"}')
     out.turns["failed"] = run("done", "/tool nosuch {}")
-    done = rt.sessions.get_session(out.sessions["done"])
+    # The full record: the session as loaded keeps only a summary of finished turns.
+    done = rt.sessions.get_record(out.sessions["done"])
     out.calls["succeeded"] = done.turn(out.turns["tool_succeeded"]).call_ids[0]
     out.calls["failed"] = done.turn(out.turns["tool_failed"]).call_ids[0]
     out.calls["not_run"] = done.turn(out.turns["failed"]).call_ids[0]
@@ -123,11 +124,18 @@ def _replied(rt: Runtime, sid: UUID, call_id: str, *, start: bool) -> tuple[str,
 # ------------------------------------------------------------------ bulk
 
 
-def bulk_session(index: int, turns: int) -> Session:
-    """A session driven through ``turns`` turns of varied endings, in memory (not saved)."""
+def bulk_session(index: int, turns: int, *, retain: bool = True) -> Session:
+    """A session driven through ``turns`` turns of varied endings, in memory (not saved).
+
+    By default a retaining session (every turn kept in full), as audit replays
+    one to compare with read models; ``retain=False`` gives the bounded session
+    the application saves and snapshots. The events are the same either way.
+    """
     s = Session.start(
         title=f"bulk {index}", tools=["echo", "append_file"], created_by="bulk", model="fixture-1"
     )
+    if retain:
+        retaining(s)
     for t in range(turns):
         _bulk_turn(s, (index + t) % 6, f"{index}-{t}")
     return s
@@ -173,7 +181,7 @@ def bulk_history(sessions: Sessions, events: int, turns_per_session: int = 8) ->
         # stalls on much larger saves (seen with ~2,500 events in one save).
         batch = []
         for _ in range(10):
-            batch.append(bulk_session(index, turns_per_session))
+            batch.append(bulk_session(index, turns_per_session, retain=False))
             index += 1
         saved += sum(len(s.pending_events) for s in batch)
         sessions.save(*batch)
