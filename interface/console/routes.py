@@ -26,11 +26,10 @@ from fastapi.params import Depends
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
-from turnlog.application.views import describe_session
 from turnlog.interface.console.board import build_board
 from turnlog.interface.console.listing import FILTERS, sessions_page
 from turnlog.interface.console.render import STATIC, templates
-from turnlog.interface.console.timeline import shape_session
+from turnlog.interface.console.timeline import earlier_turns, latest_turns
 from turnlog.interface.http.deps import ReadModelsDep, RuntimeDep, SessionsDep
 
 TEMPLATES = templates()
@@ -113,11 +112,33 @@ async def sessions_fragment(
 
 
 @fragments.get("/sessions/{session_id}/timeline", response_class=HTMLResponse)
-def timeline_fragment(request: Request, session_id: UUID, sessions: SessionsDep) -> HTMLResponse:
-    """Every turn of the session, rebuilt from its events (404 for an unknown session)."""
+def timeline_fragment(
+    request: Request,
+    session_id: UUID,
+    sessions: SessionsDep,
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+    since: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+) -> HTMLResponse:
+    """The session and its latest ``limit`` turns, or every turn from number ``since``
+    (404 for an unknown session). Earlier turns: the ``turns`` fragment."""
     now = datetime.now(UTC)
-    session = shape_session(describe_session(sessions.get_record(session_id)), now)
-    return _render(request, "fragments/timeline.html", s=session, now=now)
+    session = latest_turns(sessions, session_id, limit, since, now)
+    return _render(request, "fragments/timeline.html", s=session, now=now, page_only=False)
+
+
+@fragments.get("/sessions/{session_id}/turns", response_class=HTMLResponse)
+def turns_fragment(
+    request: Request,
+    session_id: UUID,
+    sessions: SessionsDep,
+    cursor: Annotated[str, Query(min_length=1, max_length=200)],
+    limit: Annotated[int, Query(ge=1, le=200)] = 20,
+) -> HTMLResponse:
+    """The page of turns before ``cursor`` ("load earlier turns"), oldest first; the
+    cursor is that of ``GET /v1/sessions/{id}/turns``."""
+    now = datetime.now(UTC)
+    page = earlier_turns(sessions, session_id, cursor, limit, now)
+    return _render(request, "fragments/timeline.html", s=page, now=now, page_only=True)
 
 
 @fragments.get("/overview", response_class=HTMLResponse)

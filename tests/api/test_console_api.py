@@ -323,3 +323,86 @@ def test_an_interrupted_turn_shows_when_and_by_which_recovery(
     assert "Interrupted <time datetime=" in note
     assert f'by the recovery of <code class="id">{runtime.executor.worker_id}</code>' in note
     assert "gone:1:dead" in note  # the owner that died
+
+
+# ------------------------------------------------------------ paged timeline
+
+
+def _numbers(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r">Turn (\d+)</h2>", html)]
+
+
+def _attribute(html: str, name: str) -> str:
+    return html.split(f'{name}="', 1)[1].split('"', 1)[0]
+
+
+def test_the_timeline_shows_the_latest_turns_and_pages_earlier_ones_by_the_api_cursor(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads, title="long enough to page")
+    for n in range(1, 6):
+        reads.post(f"/v1/sessions/{sid}/turns", json={"message": f"message number {n}"})
+        run_queued_turn(runtime, sid)
+
+    latest = reads.get(f"/console/fragments/sessions/{sid}/timeline?limit=2").text
+
+    assert _numbers(latest) == [4, 5]  # the latest page, oldest first
+    assert "message number 3" not in latest and "message number 5" in latest
+    assert "<dd>5</dd>" in latest  # the count of every turn, not of the page
+    assert _attribute(latest, "data-low") == "4"
+    assert "Load earlier turns" in latest and "Showing the latest 2 of 5 turns." in latest
+    cursor = _attribute(latest, "data-next-cursor")
+    api = reads.get(f"/v1/sessions/{sid}/turns?limit=2").json()
+    assert cursor == api["next_cursor"]  # the same paged read as the API
+
+    before = reads.get(f"/console/fragments/sessions/{sid}/turns?cursor={cursor}&limit=2").text
+    assert _numbers(before) == [2, 3]
+    assert "session-head" not in before  # only the turns
+    first = reads.get(
+        f"/console/fragments/sessions/{sid}/turns?cursor={_attribute(before, 'data-next-cursor')}"
+        "&limit=2"
+    ).text
+    assert _numbers(first) == [1]
+    assert _attribute(first, "data-next-cursor") == ""  # the first turn: nothing earlier
+
+    # A page left open follows from the first turn it showed, however many arrive.
+    since = reads.get(f"/console/fragments/sessions/{sid}/timeline?since=2").text
+    assert _numbers(since) == [2, 3, 4, 5]
+
+
+def test_each_turn_names_the_versions_of_its_raw_events(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads, title="raw ranges")
+    reads.post(f"/v1/sessions/{sid}/turns", json={"message": '/tool echo {"text": "a"}'})
+    run_queued_turn(runtime, sid)
+    reads.post(f"/v1/sessions/{sid}/turns", json={"message": "second"})
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+
+    turns = {
+        turn_id: (int(first), last)
+        for turn_id, first, last in re.findall(
+            r'data-raw-for="([^"]+)" data-key="[^"]+"\s+data-first="(\d+)" data-last="(\d*)"', html
+        )
+    }
+    events = reads.get(f"/v1/sessions/{sid}/events?limit=1000").json()["events"]
+    assert len(turns) == 2
+    for turn_id, (first, last) in turns.items():
+        mine = [e["version"] for e in events if e["payload"].get("turn_id") == turn_id]
+        if last:  # finished: exactly its range
+            assert mine == list(range(first, int(last) + 1))
+        else:  # open (queued): from its first version to the head
+            assert mine == list(range(first, events[-1]["version"] + 1))
+        assert f"({len(mine)})" in html  # the count before the panel is opened
+
+
+def test_the_paged_timeline_refuses_bad_paging_as_problems(reads: TestClient) -> None:
+    sid = new_session(reads)
+    base = f"/console/fragments/sessions/{sid}"
+    problem(reads.get(f"{base}/turns?cursor=nope"), 422, "invalid_cursor")
+    problem(reads.get(f"{base}/turns"), 422, "validation_error")  # a cursor is required
+    problem(reads.get(f"{base}/timeline?limit=0"), 422, "validation_error")
+    problem(reads.get(f"{base}/timeline?since=0"), 422, "validation_error")
+    other = reads.get("/v1/sessions?limit=1").json()["next_cursor"] or "WyJzZXNzaW9ucyJd"
+    problem(reads.get(f"{base}/turns?cursor={other}"), 422, "invalid_cursor")

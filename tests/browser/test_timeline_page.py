@@ -95,6 +95,49 @@ def test_a_running_turn_appears_live_without_a_reload(page: Page, server: Server
     expect(page.locator(".session-head .badge")).to_have_text(re.compile("idle"))
 
 
+def test_a_long_timeline_shows_its_latest_turns_and_loads_earlier_ones_on_request(
+    page: Page, server: Server
+) -> None:
+    sid = server.new_session("Paged timeline")
+    turns = [server.submit(sid, f"note {n}", wait=30)["turn_id"] for n in range(1, 6)]
+    requested: list[str] = []
+    page.on("request", lambda r: requested.append(r.url))
+
+    page.goto(f"{server.url}/console/sessions/{sid}?limit=2")
+
+    expect(page.locator("#live")).to_have_attribute("data-state", "live")
+    headings = page.locator("ol.turns > li h2")
+    expect(headings).to_have_text(["Turn 4", "Turn 5"])  # one page: the latest turns
+    expect(page.locator(".earlier-count")).to_have_text("Showing the latest 2 of 5 turns.")
+    # Neither the timeline nor the live stream read the session from its first event.
+    assert not any("events?after=0" in url for url in requested), requested
+    page.evaluate("window.stillTheSamePage = true")
+
+    more = page.get_by_role("button", name="Load earlier turns")
+    more.click()
+    expect(headings).to_have_text(["Turn 2", "Turn 3", "Turn 4", "Turn 5"])
+    more.click()
+    expect(headings).to_have_text(["Turn 1", "Turn 2", "Turn 3", "Turn 4", "Turn 5"])
+    expect(more).to_be_hidden()  # nothing earlier than the first turn
+    expect(page.locator(".earlier-count")).to_have_text("Showing the latest 5 of 5 turns.")
+
+    first = page.locator(f"#turn-{turns[0]}")
+    first.get_by_text("Raw events of turn 1").click()  # read by its version range
+    expect(first.locator("details.raw tbody tr").first).to_be_visible()
+    assert raw_types(page, turns[0]) == [
+        "TurnSubmitted",
+        "TurnClaimed",
+        "ModelReplied",
+        "TurnCompleted",
+    ]
+
+    sixth = server.submit(sid, "note 6")["turn_id"]  # live events keep appearing
+    expect(page.locator(f"#turn-{sixth} .msg.reply")).to_be_visible()
+    expect(headings).to_have_text([f"Turn {n}" for n in range(1, 7)])  # earlier pages stay
+    expect(first.locator("details.raw tbody tr")).to_have_count(4)
+    assert page.evaluate("window.stillTheSamePage") is True
+
+
 def test_the_overview_shows_open_turns_tool_calls_workers_and_projection_lag(
     page: Page, server: Server
 ) -> None:

@@ -219,12 +219,27 @@
   function sessionPage() {
     const container = $("#data");
     const sessionId = container.dataset.sessionId;
-    const events = []; // every event received, in version order
+    const limit = new URLSearchParams(window.location.search).get("limit"); // page size
+    // Events by version: those the live stream delivered, and the ranges read for raw panels.
+    // The page never reads the whole session: the timeline shows one page of the latest
+    // turns, earlier pages come on request, and the live stream starts at the shown version.
+    const known = new Map();
+    let lastSeen = 0; // the last version the live stream delivered
     let shown = 0; // the session version the rendered timeline reflects
+    let low = 0; // the number of the first turn the live part shows; kept as turns arrive
+    let earlier = null; // the list of earlier turns loaded on request, kept across redraws
+    let earlierCursor = ""; // where the page before them starts ("": none left)
     let following = false;
     let pending = null;
     let running = null;
     let again = false;
+
+    function timelineUrl() {
+      const query = new URLSearchParams();
+      if (low) query.set("since", String(low));
+      else if (limit) query.set("limit", limit);
+      return `${container.dataset.src}?${query}`;
+    }
 
     async function refresh() {
       if (running) {
@@ -234,10 +249,18 @@
       running = (async () => {
         do {
           again = false;
-          const fragment = await load(container, container.dataset.src);
+          const list = earlier; // detached by the redraw; put back below
+          const focused = list && list.contains(document.activeElement) ? document.activeElement : null;
+          const fragment = await load(container, timelineUrl());
           if (fragment) {
             shown = Number(fragment.dataset.version);
             container.dataset.status = fragment.dataset.status;
+            const first = Number(fragment.dataset.low);
+            if (low && first > low) earlier = null; // more new turns than one redraw holds
+            else earlier = list;
+            if (!low || first > low) low = first;
+            placeEarlier(fragment);
+            if (focused && earlier) focused.focus();
             fillRawPanels();
             drawReplying();
           }
@@ -255,21 +278,118 @@
       pending = setTimeout(refresh, 100);
     }
 
-    // Raw events: grouped by turn from the live stream, drawn when a panel is open.
+    // Earlier turns: "Load earlier turns" fetches the page before the oldest shown, by the
+    // cursor of GET /v1/sessions/{id}/turns. Finished turns never change, so the pages
+    // loaded stay as they are while the live part is redrawn.
+    function placeEarlier(fragment) {
+      const slot = $("ol.earlier-turns", fragment);
+      if (!slot) return;
+      if (earlier) slot.replaceWith(earlier);
+      const cursor = earlier ? earlierCursor : fragment.dataset.nextCursor || "";
+      const button = $("button.load-earlier", fragment);
+      button.dataset.cursor = cursor;
+      button.hidden = !cursor;
+      $(".earlier", fragment).hidden = !cursor && !earlier;
+      countShown();
+    }
+
+    function countShown() {
+      const total = $(".earlier-count", container);
+      if (!total) return;
+      const all = $$("ol.turns > li", container).length;
+      total.textContent = `Showing the latest ${all} of ${total.dataset.total} turns.`;
+    }
+
+    async function loadEarlier(button) {
+      const query = new URLSearchParams({ cursor: button.dataset.cursor });
+      if (limit) query.set("limit", limit);
+      button.disabled = true;
+      try {
+        const response = await request(`/console/fragments/sessions/${sessionId}/turns?${query}`, {
+          headers: { Accept: "text/html" },
+        });
+        if (!response.ok) {
+          announce(await problemDetail(response));
+          return;
+        }
+        const holder = document.createElement("template");
+        holder.innerHTML = await response.text();
+        const page = holder.content.firstElementChild;
+        const items = $$("ol.turns > li", page);
+        const list = earlier || $("ol.earlier-turns", container);
+        list.prepend(...items);
+        earlier = list;
+        earlierCursor = page.dataset.nextCursor || "";
+        button.dataset.cursor = earlierCursor;
+        button.hidden = !earlierCursor;
+        countShown();
+        const numbers = items.map((item) => item.dataset.number);
+        if (numbers.length) announce(`Turns ${numbers[0]} to ${numbers[numbers.length - 1]} loaded.`);
+        if (button.hidden && items.length) $("h2", items[items.length - 1]).focus();
+        for (const details of $$("details[data-raw-for]", list)) drawPanel(details);
+      } catch (error) {
+        if (!(error instanceof NeedsToken)) announce(`Cannot reach the server (${error.message}).`);
+      } finally {
+        button.disabled = false;
+      }
+    }
+
+    // Raw events: a panel reads its turn's version range when opened (one range of
+    // /v1/sessions/{id}/events), then the live stream adds to it.
     const turnOf = (event) => (event.payload && event.payload.turn_id) || "";
 
     function fillRawPanels() {
       for (const details of $$("details[data-raw-for]", container)) drawPanel(details);
     }
 
-    function drawPanel(details) {
-      const mine = events.filter((event) => turnOf(event) === details.dataset.rawFor);
-      $(".count", details).textContent = `(${mine.length})`;
+    /** Read versions first..last (last 0: up to the head) into ``known``, where missing. */
+    async function readRange(first, last) {
+      let after = first - 1;
+      while (known.has(after + 1) && (!last || after < last)) after += 1;
+      // Up to the head: the live stream delivers everything after what it last gave.
+      if (!last && after >= lastSeen) return;
+      while (!last || after < last) {
+        const size = last ? Math.min(1000, last - after) : 1000;
+        const response = await request(`/v1/sessions/${sessionId}/events?after=${after}&limit=${size}`, {
+          headers: { Accept: "application/json" },
+        });
+        if (!response.ok) throw new Error(await problemDetail(response));
+        const page = await response.json();
+        for (const event of page.events) known.set(event.version, event);
+        if (page.events.length < size) return;
+        after = page.next_after;
+      }
+    }
+
+    async function eventsOf(details) {
+      const turnId = details.dataset.rawFor;
+      if (turnId) {
+        await readRange(Number(details.dataset.first) || 1, Number(details.dataset.last) || 0);
+      } else {
+        // The session's own events: its start, and its close (the last event) if closed.
+        await readRange(1, 1);
+        if (container.dataset.status === "closed") await readRange(shown, shown);
+      }
+      return Array.from(known.values())
+        .filter((event) => turnOf(event) === turnId)
+        .sort((a, b) => a.version - b.version);
+    }
+
+    async function drawPanel(details) {
       const body = $(".raw-body", details);
       if (!details.open) {
         body.replaceChildren();
         return;
       }
+      let mine;
+      try {
+        mine = await eventsOf(details);
+      } catch (error) {
+        if (!(error instanceof NeedsToken)) body.textContent = `Cannot read the events (${error.message}).`;
+        return;
+      }
+      if (!details.open) return;
+      $(".count", details).textContent = `(${mine.length})`;
       const table = document.createElement("table");
       table.className = "grid raw-events";
       table.innerHTML =
@@ -341,7 +461,7 @@
     }
 
     function received(event) {
-      if (events.length && event.version <= events[events.length - 1].version) return;
+      if (event.version <= lastSeen) return;
       const replaced =
         (event.type === "ModelReplied" && event.payload.step >= replying?.step) ||
         ["TurnCompleted", "TurnFailed", "TurnInterrupted", "TurnAbandoned"].includes(event.type);
@@ -349,12 +469,12 @@
         replying = null; // the stored reply (or the turn's end) replaces the preview
         drawReplying();
       }
-      events.push(event);
+      lastSeen = event.version;
+      known.set(event.version, event);
       const panel = $$("details[data-raw-for]", container).find((d) => d.dataset.rawFor === turnOf(event));
-      if (panel) {
-        $(".count", panel).textContent = `(${events.filter((e) => turnOf(e) === turnOf(event)).length})`;
-        const rows = $(".raw-events tbody", panel);
-        if (panel.open && rows) rows.append(rawRow(event));
+      if (panel && panel.open) drawPanel(panel);
+      else if (panel && panel.dataset.first) {
+        $(".count", panel).textContent = `(${event.version - Number(panel.dataset.first) + 1})`;
       }
       if (event.version > shown || !panel) refreshSoon();
     }
@@ -379,7 +499,7 @@
       let wait = 1000;
       try {
         for (;;) {
-          const after = events.length ? events[events.length - 1].version : 0;
+          const after = lastSeen;
           try {
             const response = await request(`/v1/sessions/${sessionId}/events?after=${after}`, {
               headers: { Accept: "text/event-stream" },
@@ -529,6 +649,10 @@
       }
     }
 
+    container.addEventListener("click", (event) => {
+      const button = event.target.closest("button.load-earlier");
+      if (button) loadEarlier(button);
+    });
     // Cancel is not a submit button, so that Enter in the name field confirms.
     $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
     container.addEventListener("input", (event) => {
@@ -551,7 +675,9 @@
 
     async function start() {
       await refresh();
-      if (!following) follow();
+      // Live from the version shown: the stream never replays the session's past.
+      if (!lastSeen) lastSeen = shown;
+      if (!following && shown) follow();
     }
     // Relative times and running durations age; a busy session is redrawn now and then.
     setInterval(() => {
