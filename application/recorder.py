@@ -16,11 +16,14 @@ takes neither:
   that coalesces a burst of saves into one ``NOTIFY`` on the namespace's own
   channel. A notification lost (the process died between the commit and
   the ``NOTIFY``) costs latency only: every reader also polls;
+- the same statement stores each event's hash, chained to the previous
+  event of its stream (``application.chain``): the previous hash is read
+  in the statement itself, so the chain costs no extra round trip;
 - the optimistic-concurrency primary key is the library's, unchanged.
 
 Creating the table also migrates an events table written by older code
-(the column, its default and the index of the log's order; stored events
-are not rewritten).
+(the column, its default and the index of the log's order; the nullable
+``hash`` column; stored events are not rewritten).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from eventsourcing.utils import retry
 from psycopg import InterfaceError, OperationalError
 from psycopg.sql import SQL, Identifier
 
-from turnlog.application import logorder
+from turnlog.application import chain, logorder
 from turnlog.application.errors import ApplicationError
 
 log = logging.getLogger("turnlog.recorder")
@@ -122,13 +125,8 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.extend(
             logorder.migration_statements(schema, self.events_table_name)
         )
-        self._insert = SQL(
-            "INSERT INTO {schema}.{table}"
-            " (originator_id, originator_version, topic, state, xact_id)"
-            " SELECT i, v, t, s, pg_current_xact_id()"
-            " FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[]) AS u(i, v, t, s)"
-            " RETURNING notification_id"
-        ).format(schema=Identifier(schema), table=Identifier(self.events_table_name))
+        self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
+        self._insert = chain.insert_statement(schema, self.events_table_name)
         self.notifier = Notifier(self.datastore, self.channel_name)
         # The factory flushes it when the application closes (application/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])

@@ -263,8 +263,22 @@ def audit(
     whole_log: Annotated[bool, typer.Option("--log", help="Page the whole log instead.")] = False,
     after: Annotated[int, typer.Option(min=0, help="With --log: after this position.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=10000, help="With --log: how many.")] = 100,
+    show_head: Annotated[
+        bool, typer.Option("--head", help="Print the stream's head hash (keep it elsewhere).")
+    ] = False,
+    chain_existing: Annotated[
+        bool,
+        typer.Option(
+            "--chain-existing", help="Hash, once, every stream stored before events were chained."
+        ),
+    ] = False,
 ) -> None:
     """Show a session's stored events (or the whole log) as stored; --verify proves it whole."""
+    if chain_existing:
+        if session_id is not None or whole_log:
+            fail(2, "--chain-existing takes no SESSION_ID and no --log")
+        _chain_existing(ctx)
+        return
     if whole_log == (session_id is not None):
         fail(2, "give either a SESSION_ID or --log")
     if whole_log:
@@ -277,6 +291,9 @@ def audit(
         sid = UUID(str(session_id))
     except ValueError:
         fail(4, f"session id {session_id!r} is not a valid id; no such session")
+    if show_head:
+        _head(ctx, sid, as_json)
+        return
     if verify_stream:
         _verify(ctx, sid, strict)
         return
@@ -284,6 +301,37 @@ def audit(
     if not records:
         fail(4, f"session {sid} has no stored events [session_not_found]")
     _print_records(records, as_json, whole_log=False)
+
+
+def _head(ctx: typer.Context, sid: UUID, as_json: bool) -> None:
+    version, digest = _with_read_models(ctx, lambda rt, m: audits.head(m.events, sid))
+    if as_json:
+        print(
+            json.dumps(
+                {"session_id": str(sid), "version": version, "hash": digest and digest.hex()}
+            )
+        )
+    elif digest is not None:
+        print(f"{digest.hex()}  {sid} version {version}")
+    else:
+        err.print(
+            f"session {sid} (version {version}) is unchained: its events were stored before"
+            " events were chained; run `turnlog audit --chain-existing` once"
+        )
+    if digest is None:
+        raise typer.Exit(1)
+
+
+def _chain_existing(ctx: typer.Context) -> None:
+    def progress(done: Any, index: int, total: int) -> None:
+        err.print(f"[{index}/{total}] session {done.session_id}: {done.events} event(s) chained")
+
+    chained = _with_read_models(ctx, lambda rt, m: audits.chain_existing(m.events, progress))
+    if not chained:
+        out.print("nothing to chain: every stored event carries its hash")
+        return
+    events = sum(c.events for c in chained)
+    out.print(f"chained {events} event(s) in {len(chained)} session(s)")
 
 
 def _verify(ctx: typer.Context, sid: UUID, strict: bool) -> None:

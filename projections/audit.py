@@ -11,7 +11,11 @@ stream is whole and that everything derived from it agrees:
    through the repository, with snapshots);
 4. each read model's rows for the session equal the fold of the stream up
    to that read model's position, and, once it has caught up, agree with the
-   replayed aggregate's own state.
+   replayed aggregate's own state;
+5. each event's stored hash is recomputed from its bytes and the previous
+   event's hash (``application.chain``); the first broken link is named.
+   Events stored before the chain are reported unchained (not compared)
+   until ``turnlog audit --chain-existing`` has hashed them.
 
 What each read model was compared over is reported (``compared``), and
 what could not be (``not_compared``): a read model that has processed none
@@ -21,6 +25,7 @@ of the stream's events, or only part of it, proves nothing about the rest.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -29,7 +34,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent, Tracking
 from psycopg import sql
 
-from turnlog.application import logorder
+from turnlog.application import chain, logorder
 from turnlog.application.errors import SessionNotFound
 from turnlog.application.logorder import LogTracking, Place, place_of_tracking
 from turnlog.domain.session import Session, retaining
@@ -155,6 +160,7 @@ def verify_stream(events: EventLog, session_id: UUID) -> StreamAudit:
         raise SessionNotFound(f"session {session_id} has no stored events")
     audit = StreamAudit(session_id, len(records), max(r.position for r in records))
     _check_versions(records, audit)
+    _check_chain(events, session_id, audit)
     for r in records:
         if r.error:
             audit.problems.append(
@@ -182,6 +188,41 @@ def _check_versions(records: list[StoredRecord], audit: StreamAudit) -> None:
             f"version gap: version(s) {', '.join(map(str, missing))} missing "
             f"from a stream of versions 1..{max(versions)}"
         )
+
+
+def _check_chain(events: EventLog, session_id: UUID, audit: StreamAudit) -> None:
+    with events.datastore.get_connection() as conn:
+        links = chain.read_links(conn, events.schema, events.events_table, session_id)
+    found = chain.check(links)
+    audit.problems.extend(found.broken)
+    if found.unchained:
+        audit.not_compared.append(
+            f"hash chain: {len(found.unchained)} of {len(links)} events unchained (stored"
+            f" before events were chained, from version {found.unchained[0]}); run"
+            " `turnlog audit --chain-existing` once to chain them"
+        )
+    if found.chained:
+        audit.compared.append(
+            f"hash chain: {found.chained} of {len(links)} events recomputed and linked"
+        )
+
+
+def head(events: EventLog, session_id: UUID) -> tuple[int, bytes | None]:
+    """The stream's last version and its hash (None: unchained)."""
+    with events.datastore.get_connection() as conn:
+        version, digest = chain.head(conn, events.schema, events.events_table, session_id)
+    if version == 0:
+        raise SessionNotFound(f"session {session_id} has no stored events")
+    return version, digest
+
+
+def chain_existing(
+    events: EventLog, progress: Callable[[chain.Chained, int, int], None]
+) -> list[chain.Chained]:
+    """Hash every unchained stream from its first event (``application.chain``)."""
+    return chain.chain_existing(
+        events.datastore, events.schema, events.events_table, progress=progress
+    )
 
 
 def _replay(records: list[StoredRecord], audit: StreamAudit) -> Session | None:

@@ -1,0 +1,241 @@
+"""The hash chain: each stored event carries a hash chained to the previous event of its stream.
+
+``hash(v) = sha256(hash(v - 1) ‖ topic ‖ 0x00 ‖ state)``, with ``hash(0)`` the
+empty string, over the bytes exactly as stored (``topic`` in UTF-8; the NUL
+byte separates it from the state, and a topic cannot contain one). The
+recorder computes it inside its one insert statement
+(``application.recorder``): the previous hash is read there from the
+stream's row at ``version - 1``, and several events of one stream saved
+together chain among themselves. That is safe without a lock because a
+stream's versions are unique (the primary key): once an insert of version
+*v* succeeds, the row at *v* - 1 it chained from is the only one there can
+ever be, and it was committed before (a writer can only save *v* after
+having read *v* - 1 committed).
+
+Rows stored before the chain have no hash (NULL), and an event following an
+unchained one gets none either: its stream stays unchained until
+``turnlog audit --chain-existing`` hashes it, once, from its first event.
+That command writes only the hash column; stored payloads are never
+rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from psycopg import sql
+
+from turnlog.application.logorder import table
+
+SEPARATOR = b"\x00"
+
+
+def link(previous: bytes, topic: str, state: bytes) -> bytes:
+    """The hash of an event whose stream's previous event has hash ``previous`` (b"" for none)."""
+    return hashlib.sha256(previous + topic.encode("utf-8") + SEPARATOR + state).digest()
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def migration_statement(schema: str, events_table: str) -> sql.Composed:
+    """Add the nullable ``hash`` column when it is missing (no rewrite of stored events)."""
+    return sql.SQL(
+        "DO $CHAIN$ BEGIN"
+        " IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = {regclass}::regclass"
+        "   AND attname = 'hash' AND NOT attisdropped) THEN"
+        "   ALTER TABLE {table} ADD COLUMN hash bytea;"
+        " END IF;"
+        " END $CHAIN$"
+    ).format(
+        regclass=sql.Literal(f"{_quoted(schema)}.{_quoted(events_table)}"),
+        table=table(schema, events_table),
+    )
+
+
+def insert_statement(schema: str, events_table: str) -> sql.Composed:
+    """One statement: insert the events with their transaction id and their chained hash.
+
+    ``c`` starts, for each stream of the save, at its first new event, from
+    the stored previous row's hash (the empty string at version 1; NULL when
+    that row is unchained or missing, which propagates), and recurses through
+    the save's following versions of the same stream.
+    """
+    return sql.SQL(
+        "WITH RECURSIVE u AS ("
+        "  SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[])"
+        "   WITH ORDINALITY AS u(i, v, t, s, n)),"
+        " c(i, v, h) AS ("
+        "  SELECT u.i, u.v, sha256("
+        "    CASE WHEN u.v = 1 THEN ''::bytea ELSE p.hash END"
+        "    || convert_to(u.t, 'UTF8') || decode('00', 'hex') || u.s)"
+        "  FROM u LEFT JOIN {t} p ON p.originator_id = u.i AND p.originator_version = u.v - 1"
+        "  WHERE NOT EXISTS (SELECT 1 FROM u w WHERE w.i = u.i AND w.v = u.v - 1)"
+        "  UNION ALL"
+        "  SELECT u.i, u.v, sha256(c.h || convert_to(u.t, 'UTF8') || decode('00', 'hex') || u.s)"
+        "  FROM c JOIN u ON u.i = c.i AND u.v = c.v + 1)"
+        " INSERT INTO {t} (originator_id, originator_version, topic, state, xact_id, hash)"
+        " SELECT u.i, u.v, u.t, u.s, pg_current_xact_id(), c.h"
+        " FROM u JOIN c ON c.i = u.i AND c.v = u.v ORDER BY u.n"
+        " RETURNING notification_id"
+    ).format(t=table(schema, events_table))
+
+
+@dataclass(frozen=True)
+class Link:
+    """One stored event as the chain sees it."""
+
+    position: int
+    version: int
+    topic: str
+    state: bytes
+    hash: bytes | None
+
+
+@dataclass
+class ChainCheck:
+    """What recomputing a stream's chain found."""
+
+    chained: int = 0  # events whose stored hash was recomputed and matched
+    unchained: list[int] = field(default_factory=list)  # versions without a hash
+    broken: list[str] = field(default_factory=list)  # the first broken link first
+    head: bytes | None = None
+
+
+def check(links: Sequence[Link]) -> ChainCheck:
+    """Recompute each link from the previous stored hash; name every link that does not hold.
+
+    Each event is checked against its predecessor's *stored* hash, so an event
+    changed by hand breaks its own link (its stored hash no longer matches its
+    bytes) and, had its hash been recomputed too, the next one's.
+    """
+    result = ChainCheck()
+    previous: bytes | None = b""  # the hash before version 1
+    for row in links:
+        where = f"version {row.version} (position {row.position}, {row.topic})"
+        if row.hash is None:
+            result.unchained.append(row.version)
+            if previous:
+                result.broken.append(f"{where} has no hash though the event before it has one")
+        elif previous is None:
+            result.broken.append(f"{where} has a hash though the event before it has none")
+        else:
+            expected = link(previous, row.topic, row.state)
+            if expected == row.hash:
+                result.chained += 1
+            else:
+                result.broken.append(
+                    f"chain broken at {where}: stored hash {row.hash.hex()}, recomputed"
+                    f" {expected.hex()}: this event or its hash was changed after it was stored"
+                )
+        previous = row.hash
+    result.head = links[-1].hash if links else None
+    return result
+
+
+_STREAM = sql.SQL(
+    "SELECT notification_id, originator_version, topic, state, hash FROM {t}"
+    " WHERE originator_id = %s ORDER BY originator_version"
+)
+
+
+def read_links(conn: Any, schema: str, events_table: str, session_id: UUID) -> list[Link]:
+    rows = conn.execute(_STREAM.format(t=table(schema, events_table)), [session_id]).fetchall()
+    return [
+        Link(
+            r["notification_id"],
+            r["originator_version"],
+            r["topic"],
+            bytes(r["state"]),
+            bytes(r["hash"]) if r["hash"] is not None else None,
+        )
+        for r in rows
+    ]
+
+
+def head(conn: Any, schema: str, events_table: str, session_id: UUID) -> tuple[int, bytes | None]:
+    """The stream's last version and its hash (None: unchained); (0, None) for no stream."""
+    row = conn.execute(
+        sql.SQL(
+            "SELECT originator_version, hash FROM {t} WHERE originator_id = %s"
+            " ORDER BY originator_version DESC LIMIT 1"
+        ).format(t=table(schema, events_table)),
+        [session_id],
+    ).fetchone()
+    if row is None:
+        return 0, None
+    return int(row["originator_version"]), bytes(row["hash"]) if row["hash"] else None
+
+
+@dataclass(frozen=True)
+class Chained:
+    session_id: UUID
+    events: int  # hashes written
+
+
+def chain_existing(
+    datastore: Any,
+    schema: str,
+    events_table: str,
+    progress: Callable[[Chained, int, int], None] = lambda c, i, n: None,
+    max_passes: int = 10,
+) -> list[Chained]:
+    """Hash every stream's unchained events from their first event (only the hash column).
+
+    Each stream in its own transaction. A writer that saves the stream's next
+    event meanwhile may still chain from an unhashed row (its hash stays
+    NULL); the stream is then looked at again, up to ``max_passes`` times.
+    """
+    t = table(schema, events_table)
+    with datastore.get_connection() as conn:
+        streams = [
+            r["originator_id"]
+            for r in conn.execute(
+                sql.SQL("SELECT DISTINCT originator_id FROM {} WHERE hash IS NULL").format(t)
+            ).fetchall()
+        ]
+    done: list[Chained] = []
+    for index, session_id in enumerate(streams, 1):
+        written = 0
+        for _ in range(max_passes):
+            count = _chain_stream(datastore, schema, events_table, session_id)
+            if count == 0:
+                break
+            written += count
+        chained = Chained(session_id, written)
+        done.append(chained)
+        progress(chained, index, len(streams))
+    return done
+
+
+def _chain_stream(datastore: Any, schema: str, events_table: str, session_id: UUID) -> int:
+    t = table(schema, events_table)
+    with datastore.transaction(commit=True) as curs:
+        links = read_links(curs, schema, events_table, session_id)
+        previous = b""
+        versions: list[int] = []
+        hashes: list[bytes] = []
+        for row in links:
+            if row.hash is None:
+                row_hash = link(previous, row.topic, row.state)
+                versions.append(row.version)
+                hashes.append(row_hash)
+                previous = row_hash
+            else:
+                previous = row.hash
+        if not versions:
+            return 0
+        curs.execute(
+            sql.SQL(
+                "UPDATE {t} e SET hash = x.h"
+                " FROM unnest(%s::bigint[], %s::bytea[]) AS x(v, h)"
+                " WHERE e.originator_id = %s AND e.originator_version = x.v AND e.hash IS NULL"
+            ).format(t=t),
+            [versions, hashes, session_id],
+        )
+        return len(versions)
