@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from eventsourcing.persistence import Tracking
+from eventsourcing.persistence import Notification, Tracking
 from psycopg import Cursor, sql
 
 from turnlog.application.errors import InvalidPosition
@@ -118,6 +118,91 @@ def migration_statements(schema: str, events_table: str) -> list[sql.Composed]:
             index, qualified, XACT
         ),
     ]
+
+
+@dataclass(frozen=True)
+class LogPage:
+    """Rows of the log below the horizon, in log order, and where the next read begins.
+
+    Every event of the log between ``after`` and ``next`` is in ``records``:
+    a reader that has read this page has read the log up to ``next``.
+    """
+
+    records: list[tuple[Place, Notification]]
+    horizon: int
+    # Rows committed past the horizon exist: an older transaction still runs,
+    # and they become readable when it ends (a reader may look again soon).
+    pending: bool = False
+    after: Place = Place(0, 0)
+    next: Place = Place(0, 0)
+
+    @property
+    def last(self) -> Place | None:
+        return self.records[-1][0] if self.records else None
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+_READ = sql.SQL(
+    "WITH h AS (SELECT {horizon} AS x)"
+    " SELECT e.*, h.x::text AS horizon,"
+    "  EXISTS (SELECT 1 FROM {t} WHERE {xact} >= h.x) AS pending"
+    " FROM h LEFT JOIN LATERAL ("
+    "  SELECT notification_id, originator_id, originator_version, topic, state,"
+    "   {xact}::text AS xact FROM {t}"
+    "  WHERE {past} AND {xact} < h.x AND {stop}"
+    "  ORDER BY {order} LIMIT %s) e ON true"
+    " ORDER BY e.xact::xid8, e.notification_id"
+)
+
+
+def read_log(
+    curs: Cursor[Any],
+    qualified: sql.Composable,
+    after: Place,
+    limit: int,
+    stop: Place | None = None,
+) -> LogPage:
+    """Up to ``limit`` events past ``after`` (and up to ``stop``), in log order.
+
+    Only rows below the horizon are read, with the horizon taken in the same
+    statement: the rows returned, and every row before them, are final.
+    """
+    statement = _READ.format(
+        horizon=HORIZON,
+        t=qualified,
+        xact=XACT,
+        past=PAST,
+        stop=UP_TO if stop is not None else sql.SQL("true"),
+        order=LOG_ORDER,
+    )
+    params: list[Any] = [*after.params(), *(stop.params() if stop else ()), limit]
+    rows = curs.execute(statement, params).fetchall()
+    records = [
+        (
+            Place(int(r["xact"]), int(r["notification_id"])),
+            Notification(
+                id=int(r["notification_id"]),
+                originator_id=r["originator_id"],
+                originator_version=int(r["originator_version"]),
+                topic=str(r["topic"]),
+                state=bytes(r["state"]),
+            ),
+        )
+        for r in rows
+        if r["notification_id"] is not None
+    ]
+    first = rows[0] if rows else None
+    horizon = int(first["horizon"]) if first else 0
+    pending = bool(first["pending"]) if first else False
+    if records and len(records) == limit:
+        after_all = records[-1][0]  # more may follow: go on from the last row read
+    elif stop is not None:
+        after_all = max(after, min(stop, Place.below(horizon)))
+    else:
+        after_all = max(after, Place.below(horizon))
+    return LogPage(records, horizon, pending, after, after_all)
 
 
 def _quoted(name: str) -> str:

@@ -7,9 +7,11 @@ died, re-run a safe call, or interrupt a turn whose unsafe call was in
 flight. Because the lease is a lock held by a live connection, a dead
 worker's turns become available the moment the server notices the death.
 
-Wake-ups come from LISTEN on the namespace's channel (writers NOTIFY after
-their commits) and from ``wake()``; a poll every ``poll_interval`` seconds
-covers missed notifications.
+Work is offered: by this process's HTTP API right after a submit, and by
+the process's log follower (``application.follower``) for every session
+with a new event of ``WORK_TOPICS``. One loop tries the offers, and every
+``poll_interval`` seconds, whatever the offers, lists the open turns for
+the ones no offer names (a dead worker's turns, a turn refused earlier).
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ from psycopg import sql
 from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import Database, bootstrap_lock, connect
 from turnlog.application.errors import ApplicationError, LeaseLost
-from turnlog.application.history import scan_topics
+from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
-from turnlog.application.logorder import Place
-from turnlog.application.recorder import channel_of
+from turnlog.application.logorder import LogPage
 from turnlog.application.recovery import DONE, Decision, Verdict, decide, summarize
 from turnlog.application.runtime import Runtime
 from turnlog.domain.errors import DomainError
@@ -75,6 +76,8 @@ WORK_TOPICS = [
     Session.ToolCallRejected.TOPIC,
 ]
 
+WORK_EVENTS = frozenset(WORK_TOPICS)
+
 
 # Decisions about a turn whose owner died (not the start of a queued one): logged when done.
 RECOVERIES = (
@@ -86,7 +89,6 @@ RECOVERIES = (
 )
 
 BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed unexpectedly
-HELD_POLL = 0.02  # how often the log scan looks again while events wait past the horizon
 
 
 class Stopping(Exception):
@@ -181,8 +183,10 @@ class Worker:
         source: WorkSource,
         concurrency: int = 4,
         poll_interval: float = 1.0,
+        follower: LogFollower | None = None,
     ) -> None:
         self.runtime = runtime
+        self.follower = follower
         self.source = source
         self.concurrency = concurrency
         self.poll_interval = poll_interval
@@ -218,9 +222,10 @@ class Worker:
         self.start_summary = summarize(verdicts)
         with bound(worker_id=self.worker_id):
             log.info("start-up check decided: %s", self.start_summary)
+        if self.follower is not None:
+            self.follower.subscribe(self._offer_page)
         for target, name in (
             (self._dispatch, "dispatch"),
-            (self._listen, "listen"),
             (self._heartbeat, "heartbeat"),
         ):
             thread = threading.Thread(
@@ -251,6 +256,8 @@ class Worker:
         """
         self._stop.set()
         self._wake.set()
+        if self.follower is not None:
+            self.follower.unsubscribe(self._offer_page)
         with self._lock:
             futures = list(self._held.values())
         done = _wait_all(futures, drain_timeout)
@@ -280,9 +287,21 @@ class Worker:
             self._offers.add(str(session_id))
         self._wake.set()
 
+    def _offer_page(self, page: LogPage) -> None:
+        """The follower's new events (on its thread): offer the sessions that got work."""
+        for session_id in sessions_of(page, WORK_EVENTS):
+            self.offer(session_id)
+
     def _dispatch(self) -> None:
+        """The one loop: offers as they come, and the open turns every ``poll_interval``.
+
+        The poll runs on time whatever the offers: under a steady stream of
+        offers it still finds a turn no offer names (an owner that died, a
+        lease lost, a turn refused and benched), so none stays queued.
+        """
+        next_poll = 0.0
         while not self._stop.is_set():
-            woken = self._wake.wait(self.poll_interval)
+            self._wake.wait(max(0.0, next_poll - time.monotonic()))
             self._wake.clear()
             if self._stop.is_set():
                 return
@@ -291,14 +310,9 @@ class Worker:
                     offers, self._offers = self._offers, set()
                 for session_id in offers:
                     self._try_take(session_id)
-                if offers:
-                    continue  # the sessions we were told about; the poll covers the rest
-                if woken:
-                    # Woken without a named session: the read model we find work in
-                    # may not have applied the newest event yet. Wait for it (briefly)
-                    # rather than miss the work until the next poll.
-                    self.source.catch_up(0.5)
-                self._take_work()
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + self.poll_interval
+                    self._take_work()
             except Exception:
                 log.exception("finding work failed; retrying")
 
@@ -400,45 +414,6 @@ class Worker:
             self._wake.set()  # a slot is free
 
         return release
-
-    def _listen(self) -> None:
-        """On every notification of new events, offer the sessions that got work.
-
-        The new events are read straight from the log, in its order and below
-        the commit horizon (``application.logorder``), which does not wait for
-        the open-turns read model to apply them. While committed events wait
-        past the horizon, the log is read again every ``HELD_POLL`` seconds.
-        """
-        sessions = self.runtime.sessions
-        channel = channel_of(sessions.recorder)
-        seen = scan_topics(sessions, Place.start(), WORK_TOPICS, limit=0).next
-        pending = False
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(self.runtime.db.conninfo, autocommit=True) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                    while not self._stop.is_set():
-                        timeout = HELD_POLL if pending else self.poll_interval
-                        woken = False
-                        for _ in conn.notifies(timeout=timeout, stop_after=1):
-                            woken = True
-                        if woken or pending:
-                            seen, pending = self._offer_new_work(seen)
-            except (psycopg.Error, ApplicationError):
-                log.warning("LISTEN connection lost; reconnecting", exc_info=True)
-                self._stop.wait(self.poll_interval)
-            except Exception:
-                log.exception("reading new events failed; the poll covers them")
-                self._wake.set()
-                self._stop.wait(self.poll_interval)
-
-    def _offer_new_work(self, seen: Place) -> tuple[Place, bool]:
-        scan = scan_topics(self.runtime.sessions, seen, WORK_TOPICS, limit=1000)
-        for _, session_id, _ in scan.found:
-            self.offer(session_id)
-        if len(scan.found) == 1000:
-            self._wake.set()  # more than we read: let the poll of the read model find it
-        return scan.next, scan.pending
 
     def _heartbeat(self) -> None:
         """Keep the registry row fresh, on one connection reopened when it breaks."""

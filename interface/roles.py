@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from turnlog.application.follower import LogFollower
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer
 from turnlog.application.runtime import Runtime
@@ -83,6 +84,8 @@ class Parts:
     read_models: ReadModels | None = None
     supervisor: ProjectionSupervisor | None = None
     worker: Worker | None = None
+    # The one LISTEN connection of the process, and its one reader of the log's tail.
+    follower: LogFollower | None = None
     # Told about every model call, tool call and turn this process runs (metrics).
     observer: Observer | None = None
     _owns_runtime: bool = field(default=False, repr=False)
@@ -101,17 +104,23 @@ class Parts:
             raise
 
     def _start_rest(self, runtime: Runtime) -> None:
+        if self.follower is None:
+            self.follower = LogFollower(runtime.sessions, runtime.db)
+            self.follower.start()
         # Both share the Sessions application's pool: fewer connections per process.
         if self.read_models is None:
             self.read_models = ReadModels(runtime.db, self.settings, sessions=runtime.sessions)
         if self.role.runs_projections and self.supervisor is None:
             self.supervisor = ProjectionSupervisor(
-                self.settings, runtime.db, sessions=runtime.sessions
+                self.settings, runtime.db, sessions=runtime.sessions, follower=self.follower
             )
             self.supervisor.start()
         if self.role.runs_worker and self.worker is None:
             self.worker = Worker(
-                runtime, OpenTurnsSource(self.read_models), self.worker_concurrency
+                runtime,
+                OpenTurnsSource(self.read_models),
+                self.worker_concurrency,
+                follower=self.follower,
             )
             summary = self.worker.start()
             with bound(worker_id=self.worker.worker_id):
@@ -126,6 +135,9 @@ class Parts:
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
         if self.read_models is not None:
             self.read_models.close()
             self.read_models = None

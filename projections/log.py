@@ -11,7 +11,6 @@ model in a process.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from eventsourcing.persistence import Notification, Tracking
@@ -20,28 +19,10 @@ from psycopg import sql
 
 from turnlog.application import database, logorder
 from turnlog.application.database import Database
-from turnlog.application.logorder import LogTracking, Place
+from turnlog.application.logorder import LogPage, LogTracking, Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel
-
-
-@dataclass(frozen=True)
-class LogPage:
-    """Rows of the log below the horizon, in log order, and what the horizon was."""
-
-    records: list[tuple[Place, Notification]]
-    horizon: int
-    # Rows committed past the horizon exist: an older transaction still runs,
-    # and they become readable when it ends (a reader may look again soon).
-    pending: bool = False
-
-    @property
-    def last(self) -> Place | None:
-        return self.records[-1][0] if self.records else None
-
-    def __len__(self) -> int:
-        return len(self.records)
 
 
 class EventLog:
@@ -60,17 +41,6 @@ class EventLog:
         self.table = logorder.table(self.schema, self.events_table)
         # The namespace's own channel; writers NOTIFY it after their commits.
         self.channel = recorder.channel_name
-        self._read = sql.SQL(
-            "WITH h AS (SELECT {horizon} AS x)"
-            " SELECT e.*, h.x::text AS horizon,"
-            "  EXISTS (SELECT 1 FROM {t} WHERE {xact} >= h.x) AS pending"
-            " FROM h LEFT JOIN LATERAL ("
-            "  SELECT notification_id, originator_id, originator_version, topic, state,"
-            "   {xact}::text AS xact FROM {t}"
-            "  WHERE {past} AND {xact} < h.x AND {stop}"
-            "  ORDER BY {order} LIMIT %s) e ON true"
-            " ORDER BY e.xact::xid8, e.notification_id"
-        )
 
     def read(self, after: Place, limit: int, stop: Place | None = None) -> LogPage:
         """Up to ``limit`` events past ``after`` (and up to ``stop``), in log order.
@@ -79,34 +49,8 @@ class EventLog:
         same statement: the rows returned, and every row before them, are
         final.
         """
-        statement = self._read.format(
-            horizon=logorder.HORIZON,
-            t=self.table,
-            xact=logorder.XACT,
-            past=logorder.PAST,
-            stop=logorder.UP_TO if stop is not None else sql.SQL("true"),
-            order=logorder.LOG_ORDER,
-        )
-        params: list[Any] = [*after.params(), *(stop.params() if stop else ()), limit]
-        with self.datastore.get_connection() as conn:
-            rows = conn.execute(statement, params).fetchall()
-        records = [
-            (
-                Place(int(r["xact"]), int(r["notification_id"])),
-                Notification(
-                    id=int(r["notification_id"]),
-                    originator_id=r["originator_id"],
-                    originator_version=int(r["originator_version"]),
-                    topic=str(r["topic"]),
-                    state=bytes(r["state"]),
-                ),
-            )
-            for r in rows
-            if r["notification_id"] is not None
-        ]
-        first = rows[0] if rows else None
-        horizon = int(first["horizon"]) if first else 0
-        return LogPage(records, horizon, bool(first["pending"]) if first else False)
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            return logorder.read_log(curs, self.table, after, limit, stop)
 
     def decode(self, records: Sequence[tuple[Place, Notification]]) -> list[tuple[Any, Tracking]]:
         """Domain events with their tracking objects (their places), by the application's mapper."""

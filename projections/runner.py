@@ -6,17 +6,20 @@ Each runner holds, on a dedicated connection of its own:
   holder processes events, every other process's runner waits as a hot
   standby and takes over within ``STANDBY_INTERVAL`` of the holder dying
   (the server drops the lock with the dead connection);
-- ``LISTEN`` on the namespace's channel, for low latency. The library's
-  subscription has no fallback when notifications stop (a dead or silently
-  partitioned listener); here every wait is bounded by ``poll_interval``,
-  after which the runner reads the log anyway.
+- nothing else: it does not listen for notifications itself. The process's
+  one follower (``application.follower``) reads each new page of the log
+  once and hands it to every runner; a runner folds the pages that continue
+  from where it is, and reads the log itself only to catch up (at start, or
+  after falling behind). Every wait is bounded by ``poll_interval``, after
+  which the runner reads the log anyway; the wait also ends the moment the
+  lock connection breaks.
 
 The runner reads the log in its order, below the commit horizon, and keeps
 its place as a (transaction id, position) pair (``application.logorder``).
 When committed events wait past the horizon (an older transaction still
-runs), it looks again every ``HELD_POLL`` seconds: the transaction holding
-them back may end without a notification (a client outside turnlog, a
-crashed writer).
+runs), it (or the follower) looks again every ``HELD_POLL`` seconds: the
+transaction holding them back may end without a notification (a client
+outside turnlog, a crashed writer).
 
 Events are applied in batches, one transaction per batch (see
 ``projections.view``). Any error ends the runner's leadership (its
@@ -28,8 +31,11 @@ applied twice.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -39,9 +45,10 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from turnlog.application.database import Database, connect, lock_key
+from turnlog.application.follower import LogFollower
+from turnlog.application.logorder import LogPage, Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel, read_models
@@ -57,6 +64,7 @@ MIN_BACKOFF = 0.2
 MAX_BACKOFF = 5.0
 HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minimum backoff
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
+QUEUED_PAGES = 64  # pages from the follower a runner keeps; past it, it reads the log itself
 
 
 def projection_lock_key(namespace: str, name: str) -> int:
@@ -92,7 +100,7 @@ class ReadModelRunner:
         *,
         batch_size: int,
         poll_interval: float,
-        listen: bool = True,
+        follower: LogFollower | None = None,
     ) -> None:
         self.model = model
         self.state = RunnerState(model.name)
@@ -102,7 +110,18 @@ class ReadModelRunner:
         self._stopping = stopping
         self._batch_size = batch_size
         self._poll_interval = poll_interval
-        self._listen = listen
+        self._follower = follower
+        self.own_reads = 0  # reads of the log by this runner itself (to catch up)
+        self._pages: collections.deque[LogPage] = collections.deque(maxlen=QUEUED_PAGES)
+        self._pages_lock = threading.Lock()
+        self._closed = False
+        # A pipe the follower rings after handing a page over: the wait
+        # selects on it and on the lock connection, so it ends at once on either.
+        self._bell_r, self._bell_w = os.pipe()
+        os.set_blocking(self._bell_r, False)
+        os.set_blocking(self._bell_w, False)
+        if follower is not None:
+            follower.subscribe(self._take)
         self._thread = threading.Thread(
             target=self._run, name=f"projection-{model.name}", daemon=True
         )
@@ -112,6 +131,26 @@ class ReadModelRunner:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    def close(self) -> None:
+        """Stop taking pages from the follower; once the thread is done, close the bell."""
+        if self._follower is not None:
+            self._follower.unsubscribe(self._take)
+        with self._pages_lock:
+            if self._closed or self._thread.is_alive():
+                return
+            self._closed = True
+            os.close(self._bell_r)
+            os.close(self._bell_w)
+
+    def _take(self, page: LogPage) -> None:
+        """A page the follower read (on its thread): keep it and ring."""
+        with self._pages_lock:
+            if self._closed:
+                return
+            self._pages.append(page)
+            with contextlib.suppress(BlockingIOError):  # full: rung already
+                os.write(self._bell_w, b"!")
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
@@ -145,26 +184,64 @@ class ReadModelRunner:
                 return
             view = self.model.postgres_view(self._events.datastore)
             projection = self.model.projection(view)
-            if self._listen:
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._events.channel)))
             self.state.state = "active"
             log.info("projection %s: this process is the active runner", self.model.name)
             place = view.position(self._events.application_name)
+            through = place  # the log is read up to here (place: the last event folded)
             self.state.position = place.position
             checked = time.monotonic()
             while not self._stopping.is_set():
-                page = self._events.read(place, self._batch_size)
-                if page.records:
-                    pairs = self._events.decode(page.records)
+                page = self._next_page(through)
+                if page is None:  # nothing new since the follower's last page
+                    self._wait(conn, self._poll_interval)
+                    checked = time.monotonic()
+                    continue
+                records = [r for r in page.records if r[0] > place]
+                if records:
+                    pairs = self._events.decode(records)
                     place = fold_batch(view, projection, place, pairs)
                     self.state.position = place.position
                     if time.monotonic() - checked > LOCK_CHECK_INTERVAL:
                         conn.execute("SELECT 1")  # still connected, so still the lock holder
                         checked = time.monotonic()
-                    if len(page) == self._batch_size or page.pending:
-                        continue
+                through = max(through, page.next, place)
+                if len(page) >= self._batch_size or self._follower is not None:
+                    continue  # more to read, or the follower's next page to wait for
                 self._wait(conn, HELD_POLL if page.pending else self._poll_interval)
                 checked = time.monotonic()
+
+    def _next_page(self, through: Place) -> LogPage | None:
+        """The follower's pages that continue from ``through``; else a read of our own.
+
+        None when the follower has handed over everything up to ``through``:
+        there is nothing new to read.
+        """
+        if self._follower is None:
+            return self._read(through)
+        records: list[Any] = []
+        reached = through
+        last: LogPage | None = None
+        with self._pages_lock:
+            while self._pages and len(records) < self._batch_size:
+                page = self._pages[0]
+                if page.next <= reached:
+                    self._pages.popleft()  # read already
+                    continue
+                if page.after > reached:
+                    break  # a gap: pages were dropped, or we started behind
+                self._pages.popleft()
+                records += [r for r in page.records if r[0] > reached]
+                reached, last = page.next, page
+            gap = bool(self._pages) and self._pages[0].after > reached
+        if last is not None:
+            return LogPage(records, last.horizon, last.pending, through, reached)
+        if gap or self._follower.place > through:
+            return self._read(through)  # catching up
+        return None
+
+    def _read(self, through: Place) -> LogPage:
+        self.own_reads += 1
+        return self._events.read(through, self._batch_size)
 
     def _acquire(self, conn: psycopg.Connection[Any]) -> bool:
         while not self._stopping.is_set():
@@ -178,18 +255,15 @@ class ReadModelRunner:
         return False
 
     def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> None:
-        """Until a notification, or ``timeout`` at most; raises if the connection died."""
-        if self._listen:
-            for _ in conn.notifies(timeout=timeout, stop_after=1):
-                break
-            # Drain what else arrived: one read covers them all, and a backlog
-            # left behind would grow without bound and make every wait return
-            # at once (a busy loop on empty reads).
-            for _ in conn.notifies(timeout=0):
-                pass
-        else:
-            conn.execute("SELECT 1")
-            self._stopping.wait(timeout)
+        """Until the follower rings, or ``timeout`` at most; raises if the connection died."""
+        ready, _, _ = select.select([self._bell_r, conn.fileno()], [], [], timeout)
+        if self._bell_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._bell_r, 4096):
+                    pass
+        # Still connected (so still the lock holder): a dropped connection
+        # makes its socket readable at once, and this raises.
+        conn.execute("SELECT 1")
 
 
 class ProjectionSupervisor:
@@ -198,7 +272,8 @@ class ProjectionSupervisor:
     Connections: one pool for reading the log and writing the views (its
     sizes from ``settings.pool_size`` / ``pool_max_overflow``; shared with
     ``sessions`` when one is given), plus one dedicated connection per read
-    model for its lock and LISTEN.
+    model for its lock. New events come from the process's ``follower``;
+    without one (or with ``listen=False``) the runners poll the log.
     """
 
     def __init__(
@@ -211,6 +286,7 @@ class ProjectionSupervisor:
         batch_size: int = 500,
         poll_interval: float = 0.5,
         listen: bool = True,
+        follower: LogFollower | None = None,
     ) -> None:
         self.settings = settings
         self.db = db
@@ -218,7 +294,7 @@ class ProjectionSupervisor:
         self._sessions = sessions
         self._batch_size = batch_size
         self._poll_interval = poll_interval
-        self._listen = listen
+        self._follower = follower if listen else None
         self._stopping = threading.Event()
         self._runners: list[ReadModelRunner] = []
         self._events: EventLog | None = None
@@ -246,7 +322,7 @@ class ProjectionSupervisor:
                 self._stopping,
                 batch_size=self._batch_size,
                 poll_interval=self._poll_interval,
-                listen=self._listen,
+                follower=self._follower,
             )
             for model in self.models
         ]
@@ -259,10 +335,15 @@ class ProjectionSupervisor:
         deadline = time.monotonic() + timeout
         for runner in self._runners:
             runner.join(max(0.0, deadline - time.monotonic()))
+            runner.close()
         self._runners = []
         if self._events is not None and self._sessions is None:
             self._events.close()
         self._events = None
+
+    def own_reads(self) -> int:
+        """How often this process's runners read the log themselves (not the follower's pages)."""
+        return sum(runner.own_reads for runner in self._runners)
 
     def runners(self) -> list[dict[str, Any]]:
         """This process's runners: name, state, position, restarts, last error."""

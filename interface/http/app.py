@@ -27,7 +27,6 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
-from turnlog.application.recorder import channel_of
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface import console
@@ -41,7 +40,6 @@ from turnlog.interface.http.middleware import (
     RequestIdMiddleware,
     TokenMiddleware,
 )
-from turnlog.interface.http.pulse import LogPulse
 from turnlog.interface.http.routes import events, listings, ops, sessions, turns
 from turnlog.interface.http.state import AppState, Options
 from turnlog.interface.http.streams import StreamSlots
@@ -68,7 +66,6 @@ def create_app(
     state = AppState(
         parts=parts,
         options=options,
-        pulse=LogPulse(),
         streams=streams,
         metrics=Metrics(parts, streams),
     )
@@ -118,7 +115,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             retry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await retry
-        await state.pulse.stop()
+        state.waits.detach()
+        state.waits.wake_all()  # every waiter re-checks and sees the shutdown
         await run_in_threadpool(state.parts.stop, state.options.drain_timeout)
 
 
@@ -131,9 +129,9 @@ async def _start(state: AppState) -> bool:
         log.warning("database unreachable at start-up, retrying: %s", exc)
         return False
     state.start_error = None
-    runtime = state.parts.runtime
-    assert runtime is not None
-    state.pulse.start(runtime.db.conninfo, channel_of(runtime.sessions.recorder))
+    follower = state.parts.follower
+    assert follower is not None
+    state.waits.attach(follower, asyncio.get_running_loop())
     return True
 
 

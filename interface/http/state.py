@@ -8,7 +8,6 @@ from uuid import UUID
 
 from turnlog.application.history import History
 from turnlog.interface.http.metrics import Metrics
-from turnlog.interface.http.pulse import LogPulse
 from turnlog.interface.http.streams import StreamSlots
 from turnlog.interface.http.waits import TurnWaits
 from turnlog.interface.roles import Parts
@@ -33,7 +32,6 @@ class AppState:
 
     parts: Parts
     options: Options
-    pulse: LogPulse
     streams: StreamSlots
     metrics: Metrics
     draining: threading.Event = field(default_factory=threading.Event)

@@ -22,8 +22,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from turnlog.application.history import History, RecordedEvent
-from turnlog.interface.http.pulse import LogPulse
 from turnlog.interface.http.schemas import EventOut
+from turnlog.interface.http.waits import TurnWaits
 from turnlog.interface.problems import TooManyStreams
 
 BATCH = 500
@@ -89,31 +89,39 @@ async def follow(
     history: History,
     session_id: UUID,
     after: int,
-    pulse: LogPulse,
+    waits: TurnWaits,
     heartbeat: float,
     draining: threading.Event,
 ) -> AsyncIterator[bytes]:
-    """Yield the session's events after version ``after``, then live ones, until told to stop."""
+    """Yield the session's events after version ``after``, then live ones, until told to stop.
+
+    The session is read again only when the process's follower reads an
+    event of it (``waits``), or for the heartbeat.
+    """
     loop_time = asyncio.get_running_loop().time
     last = after
     quiet_since = loop_time()
     yield b": turnlog event stream\nretry: 2000\n\n"
-    while not draining.is_set():
-        ticket = pulse.ticket()
-        events: list[RecordedEvent] = await run_in_threadpool(
-            history.events, session_id, last, BATCH
-        )
-        for event in events:
-            yield sse_frame(event)
-            last = event.version
-        if len(events) == BATCH:
-            continue
-        now = loop_time()
-        if events:
-            quiet_since = now
-        elif now - quiet_since >= heartbeat:
-            yield b": heartbeat\n\n"
-            quiet_since = now
-        if await request.is_disconnected():
-            return
-        await pulse.wait(ticket, max(0.0, heartbeat - (now - quiet_since)))
+    woken = waits.watch(session_id)  # before reading: a later event always wakes us
+    try:
+        while not draining.is_set():
+            woken.clear()
+            events: list[RecordedEvent] = await run_in_threadpool(
+                history.events, session_id, last, BATCH
+            )
+            for event in events:
+                yield sse_frame(event)
+                last = event.version
+            if len(events) == BATCH:
+                continue
+            now = loop_time()
+            if events:
+                quiet_since = now
+            elif now - quiet_since >= heartbeat:
+                yield b": heartbeat\n\n"
+                quiet_since = now
+            if await request.is_disconnected():
+                return
+            await waits.wait(woken, max(0.0, heartbeat - (now - quiet_since)), draining)
+    finally:
+        waits.unwatch(session_id, woken)

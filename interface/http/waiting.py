@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 from uuid import UUID
 
 from fastapi.concurrency import run_in_threadpool
 
-from turnlog.application.history import History
 from turnlog.application.sessions import Sessions
 from turnlog.application.views import describe_turn
 from turnlog.interface.http.state import AppState
@@ -28,26 +26,13 @@ async def until_finished(
     """The turn's view once it is finished (True), or at the deadline (False).
 
     "Finished" includes ``interrupted``: nothing more happens without an operator.
-    The caller holds one of ``state.waits``'s slots.
+    The caller holds one of ``state.waits``'s slots. The turn is read again
+    only when the process's follower reads an event of its session.
     """
-    if state.history is None:
-        state.history = History(sessions)
-    return await _until_finished(state, state.history, sessions, session_id, turn_id, timeout)
-
-
-async def _until_finished(
-    state: AppState,
-    history: History,
-    sessions: Sessions,
-    session_id: UUID,
-    turn_id: str,
-    timeout: float,
-) -> tuple[dict[str, Any], bool]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     event = state.waits.watch(session_id)  # before reading: a later change always wakes us
     try:
-        state.waits.follow(state.pulse, history, state.draining)
         while True:
             event.clear()
             view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
@@ -56,7 +41,7 @@ async def _until_finished(
             remaining = deadline - loop.time()
             if remaining <= 0 or state.draining.is_set():
                 return view, False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), remaining)
+            # Woken only when the follower reads an event of this session.
+            await state.waits.wait(event, remaining, state.draining)
     finally:
         state.waits.unwatch(session_id, event)

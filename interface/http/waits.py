@@ -1,40 +1,62 @@
 """The waits of one process on turns (``?wait=``): bounded in number, woken per session.
 
-Every commit of the namespace notifies the process (``LogPulse``). Waking
-each waiter on each notification made each rebuild its session: 600 clients
-on ``?wait=60`` cut session creation from 13 to 0.9 per second. So one
-follower per process reads, after each notification (and every ``fallback``
-second, for a lost one), the last version of every session someone waits on
-— one query — and wakes only the waiters whose session changed. The number
-of concurrent waits is bounded per process like live streams: past it, 503
-``too_many_waits`` with Retry-After.
+Waking each waiter on each commit made each rebuild its session: 600
+clients on ``?wait=60`` cut session creation from 13 to 0.9 per second. So
+the process's one log follower (``application.follower``), which reads each
+new page of the log once, tells this object which sessions got events, and
+only their waiters (``?wait=`` and live event streams) wake to read again.
+The follower also polls, so a lost notification costs latency, never a
+wake-up. The number of concurrent waits is bounded per process like live
+streams: past it, 503 ``too_many_waits`` with Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable
 from uuid import UUID
 
-from fastapi.concurrency import run_in_threadpool
-
-from turnlog.application.history import History
-from turnlog.interface.http.pulse import LogPulse
+from turnlog.application.follower import LogFollower, sessions_of
+from turnlog.application.logorder import LogPage
 from turnlog.interface.problems import TooManyWaits
+
+# How often a waiter woken by nothing looks whether the server is draining.
+DRAIN_CHECK = 1.0
 
 
 class TurnWaits:
-    """The waits of this process: a bound on how many, and one follower that wakes them."""
+    """The waits of this process: a bound on how many, woken per session by the follower."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
         self._lock = threading.Lock()
         self._waiters: dict[UUID, set[asyncio.Event]] = {}
-        self._versions: dict[UUID, int | None] = {}
-        self._follower: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._follower: LogFollower | None = None
+
+    def attach(self, follower: LogFollower, loop: asyncio.AbstractEventLoop) -> None:
+        """Be told by ``follower`` about new events; wake-ups run on ``loop``."""
+        self.detach()
+        self._loop = loop
+        self._follower = follower
+        follower.subscribe(self._on_page)
+
+    def detach(self) -> None:
+        if self._follower is not None:
+            self._follower.unsubscribe(self._on_page)
+            self._follower = None
+
+    def _on_page(self, page: LogPage) -> None:
+        """On the follower's thread: hand the watched sessions that changed to the loop."""
+        watched = [s for s in sessions_of(page) if s in self._waiters]
+        if watched and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake, watched)
+
+    def wake_all(self) -> None:
+        """Wake every waiter (on the loop): they re-check, and see a shutdown."""
+        self._wake(list(self._waiters))
 
     def acquire(self) -> Callable[[], None]:
         """Take a slot or raise TooManyWaits; returns the (idempotent) release."""
@@ -64,8 +86,8 @@ class TurnWaits:
 
     @property
     def followed(self) -> int:
-        """Sessions whose last version the follower knows."""
-        return len(self._versions)
+        """Sessions someone waits on."""
+        return len(self._waiters)
 
     def watch(self, session_id: UUID) -> asyncio.Event:
         """An event set when the session may have changed since the caller's next read."""
@@ -79,37 +101,21 @@ class TurnWaits:
             events.discard(event)
             if not events:
                 del self._waiters[session_id]
-                self._versions.pop(session_id, None)
 
-    def follow(self, pulse: LogPulse, history: History, draining: threading.Event) -> None:
-        """Start the follower unless it runs; it ends by itself when nobody waits."""
-        if self._follower is None or self._follower.done():
-            self._follower = asyncio.create_task(
-                self._follow(pulse, history, draining), name="turnlog-waits"
-            )
-
-    async def _follow(self, pulse: LogPulse, history: History, draining: threading.Event) -> None:
-        while self._waiters:
-            ticket = pulse.ticket()
-            if draining.is_set():
-                self._wake(list(self._waiters))
-            else:
-                with contextlib.suppress(Exception):  # the database is down: waiters time out
-                    await self._check(history)
-            await pulse.wait(ticket, pulse.fallback)
-
-    async def _check(self, history: History) -> None:
-        ids = list(self._waiters)
-        versions = await run_in_threadpool(history.last_versions, ids)
-        changed = []
-        for session_id in ids:
-            version = versions.get(session_id)
-            # A session seen for the first time is woken too: it may have
-            # changed between its waiter's read and this check.
-            if session_id not in self._versions or self._versions[session_id] != version:
-                changed.append(session_id)
-            self._versions[session_id] = version
-        self._wake(changed)
+    async def wait(self, event: asyncio.Event, timeout: float, draining: threading.Event) -> bool:
+        """Until ``event`` is set (True), ``timeout`` passes or the server drains (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not draining.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(event.wait(), min(remaining, DRAIN_CHECK))
+            except TimeoutError:
+                continue
+            return True
+        return False
 
     def _wake(self, session_ids: list[UUID]) -> None:
         for session_id in session_ids:

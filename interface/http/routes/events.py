@@ -74,7 +74,7 @@ async def session_events(
             history,
             session_id,
             start,
-            state.pulse,
+            state.waits,
             options.heartbeat_seconds,
             state.draining,
         )

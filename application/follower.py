@@ -1,0 +1,187 @@
+"""The one ear of a process: one LISTEN connection, one read of the log's tail per wake-up.
+
+Writers send ``NOTIFY`` on the namespace's channel after their commits
+(``application.recorder``). One follower per process listens, and on each
+notification (and every ``poll_interval`` seconds, for a lost one or while
+the LISTEN connection is down) reads the new events once — in the log's
+order, below the commit horizon (``application.logorder``) — and hands the
+page to every subscriber in the process: the read-model runners (which
+fold it), the worker (sessions with new work), the HTTP waits and live
+streams (sessions that changed). While committed events wait past the
+horizon it looks again every ``HELD_POLL`` seconds.
+
+Subscribers run on the follower's thread and must not block: they note
+what they were told and wake their own thread. ``changed`` is a signal for
+threads that wait for any new event (the runners).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+
+from turnlog.application import logorder
+from turnlog.application.database import Database, connect
+from turnlog.application.errors import ApplicationError
+from turnlog.application.logorder import LogPage, Place
+from turnlog.application.recorder import channel_of
+from turnlog.application.sessions import Sessions
+
+log = logging.getLogger("turnlog.follower")
+
+HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
+BATCH = 1000
+
+Subscriber = Callable[[LogPage], None]
+
+
+class Signal:
+    """A counter threads wait on: take a ticket before reading, wait until it moves."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+
+    def ticket(self) -> int:
+        with self._cond:
+            return self._count
+
+    def fire(self) -> None:
+        with self._cond:
+            self._count += 1
+            self._cond.notify_all()
+
+    def wait(self, ticket: int, timeout: float) -> bool:
+        """True when fired since ``ticket`` was taken; False after ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._count != ticket, timeout)
+
+
+def sessions_of(page: LogPage, topics: frozenset[str] | None = None) -> list[UUID]:
+    """The sessions with events in ``page`` (of ``topics`` only, when given), in log order."""
+    seen: dict[UUID, None] = {}
+    for _, notification in page.records:
+        if topics is None or notification.topic in topics:
+            seen.setdefault(UUID(str(notification.originator_id)), None)
+    return list(seen)
+
+
+class LogFollower:
+    """Follows the namespace's log for this process; ``start()``, then ``stop()``."""
+
+    def __init__(self, sessions: Sessions, db: Database, *, poll_interval: float = 1.0) -> None:
+        recorder: Any = sessions.recorder
+        self.channel = channel_of(recorder)
+        self._datastore = recorder.datastore
+        self._table = logorder.table(self._datastore.schema, recorder.events_table_name)
+        self._db = db
+        self.poll_interval = poll_interval
+        self.changed = Signal()  # fired after every read that found events
+        self.reads = 0  # reads of the log's tail
+        self.rows_read = 0  # events those reads returned (each event once)
+        self.listening = False
+        self.place = Place.start()  # where the next read begins
+        self._subscribers: list[Subscriber] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Call ``subscriber`` (on the follower's thread) with every page of new events."""
+        self._subscribers.append(subscriber)
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        if subscriber in self._subscribers:
+            self._subscribers.remove(subscriber)
+
+    def start(self) -> None:
+        """Begin at the log's end now (below the horizon); later events are followed."""
+        if self._thread is not None:
+            return
+        with self._datastore.get_connection() as conn, conn.cursor() as curs:
+            self.place = Place.below(logorder.current_horizon(curs))
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="turnlog-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.changed.fire()  # release every waiter so it re-checks and sees the stop
+
+    def _run(self) -> None:
+        conn: psycopg.Connection[Any] | None = None
+        pending = False
+        try:
+            while not self._stop.is_set():
+                if conn is None:
+                    conn = self._listen()
+                timeout = HELD_POLL if pending else self.poll_interval
+                if conn is not None and not self._wait(conn, timeout):
+                    conn.close()
+                    conn = None
+                elif conn is None:
+                    self._stop.wait(timeout)
+                if self._stop.is_set():
+                    return
+                try:
+                    pending = self.read()
+                except Exception:
+                    log.warning("reading the log's tail failed; trying again", exc_info=True)
+                    pending = False
+        finally:
+            self.listening = False
+            if conn is not None:
+                conn.close()
+
+    def _listen(self) -> psycopg.Connection[Any] | None:
+        try:
+            conn = connect(self._db, application_name="turnlog-follower")
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        except (psycopg.Error, ApplicationError) as exc:
+            log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self.listening = False
+            return None
+        self.listening = True
+        return conn
+
+    def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> bool:
+        """Until a notification or ``timeout``; False when the connection broke."""
+        try:
+            for _ in conn.notifies(timeout=timeout, stop_after=1):
+                break
+            # Drain what else arrived: one read covers them all.
+            for _ in conn.notifies(timeout=0):
+                pass
+        except psycopg.Error as exc:
+            log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+            self.listening = False
+            return False
+        return True
+
+    def read(self) -> bool:
+        """Read the tail once (in batches while full) and fan it out; True when rows wait."""
+        while True:
+            with self._datastore.get_connection() as conn, conn.cursor() as curs:
+                page = logorder.read_log(curs, self._table, self.place, BATCH)
+            self.reads += 1
+            if page.records or page.next > self.place:
+                self.rows_read += len(page.records)
+                for subscriber in list(self._subscribers):
+                    try:
+                        subscriber(page)
+                    except Exception:
+                        log.exception("a follower's subscriber failed")
+                # Moved only now: a reader comparing its place with ours never
+                # sees a page as read before it was handed over.
+                self.place = page.next
+                self.changed.fire()
+            if len(page.records) < BATCH:
+                return page.pending

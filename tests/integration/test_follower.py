@@ -1,0 +1,58 @@
+"""One ear per process: one follower reads each commit from the log once and tells every part."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deadlines import poll, scaled
+from turnlog.application.runtime import Runtime
+from turnlog.domain.session import Session
+from turnlog.interface.roles import Parts, Role
+
+SOURCE = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def parts(runtime: Runtime) -> Iterator[Parts]:
+    parts = Parts(runtime.settings, Role.ALL, runtime=runtime)
+    parts.start()
+    yield parts
+    parts.stop(drain_timeout=5)
+
+
+def test_one_commit_is_read_from_the_log_once_per_process(parts: Parts) -> None:
+    follower, supervisor, read = parts.follower, parts.supervisor, parts.read_models
+    assert follower is not None and supervisor is not None and read is not None
+    runtime = parts.runtime
+    assert runtime is not None
+    warm = runtime.sessions.create_session(title="warm-up")  # runners catch up, then follow
+    assert read.wait_for(warm.position, timeout=scaled(10))
+    poll(lambda: follower.rows_read >= 1, 10, "the follower to read the warm-up")
+    rows, own = follower.rows_read, supervisor.own_reads()
+    told: list[str] = []
+    follower.subscribe(lambda page: told.extend(n.topic for _, n in page.records))
+
+    written = runtime.sessions.create_session(title="once")  # one commit, one event
+
+    assert read.wait_for(written.position, timeout=scaled(10))
+    poll(lambda: told, 10, "the follower to hand the event over")
+    assert told == [Session.SessionStarted.TOPIC]
+    assert follower.rows_read == rows + 1  # read once, by the follower
+    assert supervisor.own_reads() == own  # the read models folded the follower's page
+    [row], _ = read.list_sessions(limit=1)
+    assert row["title"] == "once"
+
+
+def test_the_source_has_one_listener() -> None:
+    listeners = [
+        f"{path.relative_to(SOURCE)}:{number}"
+        for folder in ("domain", "application", "projections", "interface")
+        for path in sorted((SOURCE / folder).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"""["']LISTEN \{""", line)  # a LISTEN statement
+    ]
+    assert listeners == [listeners[0]] and listeners[0].startswith("application/follower.py")
