@@ -95,6 +95,12 @@ class InvalidPosition(InvalidQuery):
     code = "invalid_position"
 
 
+class InvalidVersion(InvalidQuery):
+    """A session version this session never had (below 1 or past its latest)."""
+
+    code = "invalid_version"
+
+
 class UnknownProjection(InvalidQuery):
     """No read model has that name."""
 

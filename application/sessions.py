@@ -20,7 +20,7 @@ from eventsourcing.application import AggregateNotFoundError, Application, Proce
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent, Transcoding
 from psycopg import sql
 
-from turnlog.application.errors import ConcurrentModification, SessionNotFound
+from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
@@ -214,6 +214,29 @@ class Sessions(Application[UUID]):
         """
         first, last = self.window(session)
         return next_request(session, self._earlier(session.id, first, last))
+
+    def request_at(self, session_id: UUID, version: int) -> ModelRequest:
+        """The request ``request_for`` builds from the session as it was at ``version``.
+
+        The aggregate is rebuilt at that version from the stream (snapshots
+        at or below it may serve), and the earlier turns it carries are read
+        by version range, all at or below it: what the runtime would have
+        sent to the provider then (for incident review). Never cached.
+        """
+        latest = self.version_of(session_id)
+        if latest == 0:
+            raise SessionNotFound(f"session {session_id} not found")
+        if not 1 <= version <= latest:
+            raise InvalidVersion(
+                f"version {version} is not one of session {session_id}'s (1..{latest})"
+            )
+        session: Any = self.repository.get(session_id, version=version)
+        if not isinstance(session, Session):
+            raise SessionNotFound(f"session {session_id} not found")
+        if _ranges_unknown(session):
+            self._fill_ranges(session)
+        first, last = self.window(session)
+        return next_request(session, self.replay_range(session_id, first, last))
 
     def _earlier(self, session_id: UUID, first: int, last: int) -> Session:
         """The finished turns in versions ``first..last``, rebuilt, kept per process.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
+from turnlog.domain.request import ModelRequest
 from turnlog.domain.session import Session
 from turnlog.domain.turns import ToolCall, Turn
 
@@ -132,4 +134,27 @@ def describe_compaction(compaction: dict[str, Any] | None) -> dict[str, Any] | N
         "turns": compaction["turns"],
         "last_turn_id": compaction["last_turn_id"],
         "version": compaction["version"],
+    }
+
+
+def describe_request(session_id: UUID, version: int, request: ModelRequest) -> dict[str, Any]:
+    """A model request as built at a session's version (``Sessions.request_at``)."""
+    return {
+        "session_id": str(session_id),
+        "version": version,
+        "provider": request.provider,
+        "model": request.model,
+        "turn": request.turn,
+        "tools": list(request.tools),
+        "tools_chosen": request.tools_chosen,
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "tool_calls": [dict(c) for c in m.tool_calls],
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+            }
+            for m in request.messages
+        ],
     }

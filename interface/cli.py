@@ -24,7 +24,7 @@ from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, split_names
 from turnlog.application.tools import default_tools
-from turnlog.application.views import describe_session_summary, describe_turn
+from turnlog.application.views import describe_request, describe_session_summary, describe_turn
 from turnlog.interface import cli_work
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.interface.cli_read import audit, projections_app
@@ -293,6 +293,33 @@ def sessions_show(
             lines.append(f"  assistant: {t['reply']}")
         if t["error"]:
             lines.append(f"  error: {t['error']}")
+        out.print("\n".join(lines), markup=False)
+
+
+@sessions_app.command("request")
+def sessions_request(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="Session id.")],
+    version: Annotated[int, typer.Option("--version", help="The session version to rebuild at.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The model request the runtime would have sent at --version, rebuilt from the events."""
+    sid = parse_uuid(session_id)
+    request = run(ctx, lambda rt: rt.sessions.request_at(sid, version))
+    view = describe_request(sid, version, request)
+    if as_json:
+        typer.echo(json.dumps(view))
+        return
+    tools = ", ".join(view["tools"]) or ("none" if view["tools_chosen"] else "every tool")
+    out.print(
+        f"request at version {version}: {view['provider']}/{view['model']},"
+        f" turn {view['turn']}, tools: {tools}",
+        markup=False,
+    )
+    for m in view["messages"]:
+        head = m["role"] + (f" ({m['tool_call_id']})" if m["tool_call_id"] else "")
+        lines = [f"{head}: {m['content']}"]
+        lines += [f"  calls {json.dumps(c)}" for c in m["tool_calls"]]
         out.print("\n".join(lines), markup=False)
 
 

@@ -326,6 +326,27 @@ class CancelWritten(TurnWritten):
     cancel: Literal["cancelled", "requested"]
 
 
+class RequestMessageOut(BaseModel):
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+
+
+class ModelRequestOut(BaseModel):
+    """The request the runtime would have sent to the provider at a session's version."""
+
+    session_id: UUID
+    version: int
+    provider: str
+    model: str
+    turn: int = Field(description="The session's number of the turn it is for (0: not said).")
+    tools: list[str]
+    tools_chosen: bool
+    messages: list[RequestMessageOut]
+
+
 class EventOut(BaseModel):
     """One stored event as it is in the log."""
 

@@ -12,7 +12,7 @@ from turnlog.application.idempotency import start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
 from turnlog.application.tools import default_tools
-from turnlog.application.views import describe_session_summary, describe_turn
+from turnlog.application.views import describe_request, describe_session_summary, describe_turn
 from turnlog.interface.http.deps import (
     IdempotencyKey,
     MinPosition,
@@ -26,6 +26,7 @@ from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
+    ModelRequestOut,
     Page,
     SessionOut,
     SessionRow,
@@ -177,6 +178,27 @@ def list_turns(
     items = [describe_turn(record, turn) for record, turn in page]
     next_cursor = encode_cursor("turns", (following,)) if following else None
     return Page[TurnOut].model_validate({"items": items, "next_cursor": next_cursor})
+
+
+@router.get(
+    "/sessions/{session_id}/request",
+    response_model=ModelRequestOut,
+    responses=problems(401, 404, 422, 503),
+)
+def get_request(
+    session_id: UUID,
+    sessions: SessionsDep,
+    version: Annotated[int, Query(description="The session version to rebuild it at.")],
+) -> ModelRequestOut:
+    """The model request the runtime would have sent at `version` (for incident review).
+
+    Rebuilt from the session's events up to that version: the request built
+    right before a reply was recorded is the one the provider received. A
+    version the session never had (below 1, past its latest) is 422
+    `invalid_version`.
+    """
+    request = sessions.request_at(session_id, version)
+    return ModelRequestOut.model_validate(describe_request(session_id, version, request))
 
 
 @router.post(
