@@ -8,8 +8,9 @@ correct. So every wait multiplies its base deadline by ``slowness()``:
   starting a turnlog process takes here, against its CPU time) — the
   controller puts it in ``TURNLOG_TEST_SLOWNESS`` for its workers, and a user
   may set it by hand to stretch every deadline further;
-- the current load: the 1-minute load average per CPU, read again at every
-  check, so that a deadline also stretches when the load rises during a wait.
+- the current load: the 1- or 5-minute load average per CPU, the larger, read
+  again at every check, so that a deadline also stretches when the load rises
+  during a wait.
 
 Both are at least 1: on an idle machine the base deadlines apply as written.
 """
@@ -33,11 +34,16 @@ _IMPORT = "import turnlog.interface.cli, turnlog.interface.http"
 
 
 def load() -> float:
-    """Runnable processes per CPU over the last minute (at least 1)."""
+    """Runnable processes per CPU over the last one or five minutes, the larger (at least 1).
+
+    The one-minute average lags a rising load and the five-minute one a falling
+    load; a wait that must not fail on a busy machine takes whichever is higher.
+    """
     try:
-        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        one, five, _ = os.getloadavg()
     except OSError:  # pragma: no cover - no load average on this platform
         return 1.0
+    return max(1.0, one / (os.cpu_count() or 1), five / (os.cpu_count() or 1))
 
 
 def measured() -> float:
