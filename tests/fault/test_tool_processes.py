@@ -32,7 +32,9 @@ from turnlog.interface.bootstrap import build_runtime
 
 pytestmark = pytest.mark.fault
 
-SLEEP = '/tool shell {"command": "sleep 30"}'
+# Outlives the test however slow the machine (a 30-s sleep ended mid-test under load):
+# the test, or its `leftovers` fixture, kills it.
+SLEEP = '/tool shell {"command": "sleep 3600"}'
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def poll(condition: Any, what: str, deadline: float = 20.0) -> None:
 def kill_worker_mid_sleep(
     settings: Settings, database: Database, rt: Runtime, session_id: UUID
 ) -> ToolProcess:
-    """Run `sleep 30` in a `turnlog sessions send` process, SIGKILL that process mid-command."""
+    """Run a long `sleep` in a `turnlog sessions send` process, SIGKILL that process mid-command."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "turnlog", "sessions", "send", str(session_id), SLEEP],
         stdout=subprocess.DEVNULL,
