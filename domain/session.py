@@ -323,7 +323,9 @@ class Session(Aggregate):
 
     def turn(self, turn_id: str) -> Turn:
         """An open turn (any turn in a retaining copy); a finished one is refused as such."""
-        for turn in self.turns:
+        # Newest first: events name the latest turn, and a retaining copy (a replay of
+        # thousands of turns) would otherwise scan them all for every event.
+        for turn in reversed(self.turns):
             if turn.turn_id == turn_id:
                 return turn
         finished = self.finished_turn(turn_id)
