@@ -56,6 +56,18 @@ class Step(Model):
     usage: dict[str, Any]
 
 
+class ProbeRun(Model):
+    """One run of a tool's probe: its answer, what it saw, how long it took, who asked."""
+
+    attempt: int
+    answer: Literal["applied", "not_applied", "unknown"]
+    evidence: dict[str, Any]
+    note: str
+    duration_seconds: float
+    prober: str
+    at: datetime | None = None
+
+
 class ToolCall(Model):
     """A tool call with its arguments, attempts, owner and outcome."""
 
@@ -77,6 +89,15 @@ class ToolCall(Model):
     approval: str = Field("", description="'' (none asked), required, approved or rejected.")
     proposed_arguments: dict[str, Any] | None = Field(
         None, description="What the model asked for, when approved with edited arguments."
+    )
+    pre_state: dict[str, Any] = Field(
+        default_factory=dict, description="What the intent recorded for the tool's probe."
+    )
+    probes: list[ProbeRun] = Field(
+        default_factory=list, description="Each run of the tool's probe after its owner died."
+    )
+    evidence: dict[str, Any] = Field(
+        default_factory=dict, description="What the probe saw, for a call it resolved."
     )
 
 
@@ -317,8 +338,32 @@ class Projections(Model):
 
 
 # Each model and the /openapi.json schema it reads (tests/api/test_client_models.py).
+class RequestMessage(Model):
+    """One message of a model request."""
+
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+
+
+class ModelRequest(Model):
+    """The request the runtime would have sent to the provider at a session's version."""
+
+    session_id: UUID
+    version: int
+    provider: str
+    model: str
+    turn: int = Field(description="The session's number of the turn it is for (0: not said).")
+    tools: list[str]
+    tools_chosen: bool
+    messages: list[RequestMessage]
+
+
 OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Step: "StepOut",
+    ProbeRun: "ProbeRunOut",
     ToolCall: "ToolCallOut",
     Turn: "TurnOut",
     Session: "SessionOut",
@@ -342,4 +387,6 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Workers: "WorkersOut",
     Projection: "ProjectionOut",
     Projections: "ProjectionsOut",
+    RequestMessage: "RequestMessageOut",
+    ModelRequest: "ModelRequestOut",
 }
