@@ -77,8 +77,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Browser]:
+    # Per module, not per session: Playwright's sync API keeps an event loop running in
+    # this thread while it is open, and a later test in the same process (a pytest-xdist
+    # worker runs many files) would then fail at asyncio.run().
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
