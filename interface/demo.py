@@ -84,7 +84,7 @@ def restart(
     ] = None,
     word: Annotated[str, typer.Option(help="The codeword (default: a random word).")] = "",
 ) -> None:
-    """Codeword recall across a SIGKILL, then the unknown-outcome boundary, over HTTP."""
+    """Codeword recall across a SIGKILL, then a kill mid-tool-call with probes off and on."""
     from turnlog.interface.restart_demo import DemoFailed, RestartDemo
 
     settings = ctx.find_root().obj.settings()

@@ -5,7 +5,14 @@ starts a replacement with the same namespace and settings, finds the session
 through the API and recalls the codeword. Then it shows the boundary: a
 side-effecting tool call killed mid-flight, the turn interrupted, a new turn
 refused, inspection, abandonment, a new turn accepted — and the tool's file
-written at most once. Every step goes into a JSON receipt.
+written at most once. Then the same kill with outcome probes on
+(``TURNLOG_PROBES=1``), this time after the line is written and before its
+result is recorded: the replacement asks ``append_file``'s probe, records its
+answer and evidence, and the turn continues by itself — the file written
+exactly once. Every step goes into a JSON receipt.
+
+Every wait polls against a deadline stretched by the machine's load, so a
+busy machine makes the demo slower, not wrong.
 """
 
 from __future__ import annotations
@@ -18,12 +25,15 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
+from psycopg import sql
 
 from turnlog.application.settings import Settings
 
@@ -52,6 +62,21 @@ class Receipt:
         return json.dumps(asdict(self), indent=2, default=str)
 
 
+def slowness() -> float:
+    """Runnable processes per CPU over the last one or five minutes, the larger (at least 1)."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:  # pragma: no cover - no load average on this platform
+        return 1.0
+    cpus = os.cpu_count() or 1
+    return max(1.0, one / cpus, five / cpus)
+
+
+def scaled(seconds: float) -> float:
+    """``seconds`` stretched by how busy the machine is now."""
+    return seconds * slowness()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,12 +86,13 @@ def free_port() -> int:
 class Server:
     """One ``turnlog serve`` subprocess on a loopback port."""
 
-    def __init__(self, settings: Settings, port: int, log_path: Path) -> None:
+    def __init__(self, settings: Settings, port: int, log_path: Path, **extra_env: str) -> None:
         self.port = port
         env = {k: v for k, v in os.environ.items() if not k.startswith("TURNLOG_")}
         env.update(
             TURNLOG_NAMESPACE=settings.namespace,
             TURNLOG_DATA_DIR=str(settings.data_dir.resolve()),
+            **extra_env,
         )
         if settings.database_url:
             env["TURNLOG_DATABASE_URL"] = settings.database_url
@@ -81,7 +107,7 @@ class Server:
 
     def wait_ready(self, deadline: float = 60.0) -> float:
         start = time.monotonic()
-        while time.monotonic() - start < deadline:
+        while time.monotonic() - start < scaled(deadline):
             if self.proc.poll() is not None:
                 raise DemoFailed(f"server exited with {self.proc.returncode} before it was ready")
             try:
@@ -90,11 +116,11 @@ class Server:
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise DemoFailed(f"server not ready within {deadline:.0f}s")
+        raise DemoFailed(f"server not ready within {scaled(deadline):.0f}s")
 
     def kill(self, sig: int = signal.SIGKILL) -> int:
         self.proc.send_signal(sig)
-        code = self.proc.wait(timeout=60)
+        code = self.proc.wait(timeout=scaled(60))
         self._log.close()
         return code
 
@@ -121,9 +147,9 @@ class RestartDemo:
         if not ok:
             raise DemoFailed(f"{name}: {detail}")
 
-    def start_server(self, label: str) -> Server:
+    def start_server(self, label: str, **extra_env: str) -> Server:
         t0 = time.monotonic()
-        server = Server(self.settings, self.port, self.log_path)
+        server = Server(self.settings, self.port, self.log_path, **extra_env)
         ready = server.wait_ready()
         self.step(
             label,
@@ -144,6 +170,7 @@ class RestartDemo:
         try:
             self._codeword_across_a_kill()
             self._unknown_outcome_boundary()
+            self._probed_outcome_boundary()
             self.receipt.ok = True
         finally:
             if self.server is not None and self.server.proc.poll() is None:
@@ -305,11 +332,177 @@ class RestartDemo:
             lines=len(lines),
         )
 
+    def _probed_outcome_boundary(self) -> None:
+        """The same kill mid-``append_file``, probes on: settled from evidence, by itself.
+
+        The kill falls after the line is written and before its result is
+        recorded — the one window where only the outside world knows. The demo
+        holds back inserts into the log (a table lock, reads still served)
+        from the moment the call has started until the server is dead, so the
+        window is hit every time instead of by luck.
+        """
+        from turnlog.application.database import locate
+
+        assert self.server is not None
+        sid = self.session_id
+        t0 = time.monotonic()
+        pid = self.server.proc.pid
+        code = self.server.kill(signal.SIGTERM)
+        self.step(
+            "stop server",
+            code in (0, -signal.SIGTERM),
+            f"pid {pid} exit {code} (SIGTERM)",
+            t0,
+            pid=pid,
+        )
+        self.start_server("start server with probes on", TURNLOG_PROBES="1")
+
+        conninfo = locate(self.settings).conninfo
+        recorded_before = self._succeeded_calls(conninfo, sid)
+        # Long enough to hold back the log's inserts before the write, on a busy machine too.
+        delay = round(min(scaled(3.0), 60.0), 1)
+        text = "written exactly once"
+        arguments = {"path": "probed.txt", "text": text, "delay_seconds": delay}
+        path = self.settings.sandbox_root / sid / "probed.txt"
+        t0 = time.monotonic()
+        turn = self.api(
+            "POST",
+            f"/v1/sessions/{sid}/turns",
+            json={"message": f"/tool append_file {json.dumps(arguments)}"},
+        ).json()
+        turn_id = turn.get("turn_id", "")
+        started = self._poll_turn(
+            turn_id, lambda t: any(c["state"] == "started" for c in t.get("tool_calls", []))
+        )
+        self.step(
+            "side-effecting call in flight, probes on",
+            started is not None,
+            f"append_file started, writing in {delay:g} s",
+            t0,
+            turn_id=turn_id,
+            delay_seconds=delay,
+        )
+        with psycopg.connect(conninfo) as conn:  # one transaction: the lock lasts until rollback
+            t0 = time.monotonic()
+            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(self._log_table()))
+            recorded = self._succeeded_calls(conninfo, sid, conn)
+            self.step(
+                "log's inserts held",
+                recorded == recorded_before,
+                "the call's result cannot be recorded until the kill"
+                if recorded == recorded_before
+                else "the call finished before the inserts were held (machine too slow)",
+                t0,
+            )
+            t0 = time.monotonic()
+            written = self._poll(lambda: path.exists() and path.read_text() == text + "\n", delay)
+            self.step(
+                "line written, its result not recorded",
+                written,
+                f"{path.name} has its line; the record still says started",
+                t0,
+            )
+            t0 = time.monotonic()
+            code = self.server.kill()
+            try:
+                # An insert the dead server left waiting for the lock must not commit.
+                waiting = conn.execute(
+                    "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                    (self._log_table_name(),),
+                ).fetchall()
+                for (backend,) in waiting:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (backend,))
+                recorded = self._succeeded_calls(conninfo, sid, conn)
+            finally:
+                conn.rollback()
+            self.step(
+                "SIGKILL server mid-call, probes on",
+                code == -signal.SIGKILL and recorded == recorded_before,
+                f"pid {self.server.proc.pid} exit {code}; no result on record",
+                t0,
+                pid=self.server.proc.pid,
+                results_recorded=recorded - recorded_before,
+            )
+        self.start_server("start replacement with probes on", TURNLOG_PROBES="1")
+        t0 = time.monotonic()
+        finished = self._poll_turn(
+            turn_id, lambda t: t.get("state") in ("completed", "interrupted")
+        )
+        state = finished.get("state") if finished else None
+        self.step(
+            "turn continued by itself",
+            state == "completed",
+            f"{state}: {finished.get('reply') if finished else '-'!r}",
+            t0,
+            state=state,
+            reply=finished.get("reply") if finished else None,
+        )
+        assert finished is not None
+        t0 = time.monotonic()
+        call = finished["tool_calls"][0]
+        probes = call.get("probes", [])
+        answers = [p["answer"] for p in probes]
+        self.step(
+            "probe on record",
+            answers == ["applied"]
+            and call["state"] == "resolved"
+            and call["outcome"] == "succeeded"
+            and call["actor"] == "probe:append_file"
+            and call["result"] == {"path": "probed.txt", "bytes": len(text) + 1},
+            f"{call['name']} {call['state']} {call['outcome']} by {call['actor']}, "
+            f"probe answered {answers}, result {json.dumps(call['result'])}",
+            t0,
+            answers=answers,
+            outcome=call["outcome"],
+            actor=call["actor"],
+            result=call["result"],
+            evidence=call.get("evidence", {}),
+            probe_seconds=[p["duration_seconds"] for p in probes],
+        )
+        t0 = time.monotonic()
+        lines = path.read_text().splitlines() if path.exists() else []
+        self.step(
+            "written exactly once",
+            lines == [text],
+            f"{path.name} has {len(lines)} line(s)",
+            t0,
+            lines=len(lines),
+        )
+
+    def _log_table_name(self) -> str:
+        return f"turnlog_{self.settings.namespace}.sessions_events"
+
+    def _log_table(self) -> sql.Composable:
+        return sql.Identifier(f"turnlog_{self.settings.namespace}", "sessions_events")
+
+    def _succeeded_calls(
+        self, conninfo: str, session_id: str, conn: psycopg.Connection[Any] | None = None
+    ) -> int:
+        """How many ToolCallSucceeded events the session's stream holds."""
+        query = sql.SQL(
+            "SELECT count(*) FROM {} WHERE originator_id = %s AND topic LIKE %s"
+        ).format(self._log_table())
+        params = (uuid.UUID(session_id), "%.ToolCallSucceeded.%")
+        if conn is not None:
+            row = conn.execute(query, params).fetchone()
+        else:
+            with psycopg.connect(conninfo, autocommit=True) as own:
+                row = own.execute(query, params).fetchone()
+        return int(row[0]) if row else 0
+
+    def _poll(self, done: Callable[[], bool], base: float, deadline: float = 20.0) -> bool:
+        start = time.monotonic()
+        while time.monotonic() - start < base + scaled(deadline):
+            if done():
+                return True
+            time.sleep(0.05)
+        return done()
+
     def _poll_turn(
         self, turn_id: str, done: Callable[[dict[str, Any]], bool], deadline: float = 20.0
     ) -> dict[str, Any] | None:
-        end = time.monotonic() + deadline
-        while time.monotonic() < end:
+        start = time.monotonic()
+        while time.monotonic() - start < scaled(deadline):
             response = self.api("GET", f"/v1/sessions/{self.session_id}/turns/{turn_id}")
             if response.status_code == 200 and done(response.json()):
                 return dict(response.json())

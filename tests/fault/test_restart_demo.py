@@ -29,6 +29,16 @@ EXPECTED_STEPS = [
     "abandon",
     "new turn accepted",
     "written at most once",
+    "stop server",
+    "start server with probes on",
+    "side-effecting call in flight, probes on",
+    "log's inserts held",
+    "line written, its result not recorded",
+    "SIGKILL server mid-call, probes on",
+    "start replacement with probes on",
+    "turn continued by itself",
+    "probe on record",
+    "written exactly once",
 ]
 
 
@@ -47,4 +57,26 @@ def test_the_restart_demo_exits_zero_with_a_receipt_of_every_step(
     recall = next(s for s in receipt["steps"] if s["name"] == "recall codeword")
     assert "quartz" in recall["data"]["reply"]
     pids = [s["data"]["pid"] for s in receipt["steps"] if s["name"].startswith("start")]
-    assert len(set(pids)) == 3  # three distinct server processes
+    assert len(set(pids)) == 5  # five distinct server processes
+
+    # The first boundary, probes off: the turn interrupted, at most one write.
+    steps = {s["name"]: s for s in receipt["steps"]}
+    assert steps["written at most once"]["data"]["lines"] <= 1
+
+    # The second, probes on: killed after the write, before its result was
+    # recorded; the replacement asked the probe and the turn went on by itself.
+    killed = steps["SIGKILL server mid-call, probes on"]["data"]
+    assert killed["results_recorded"] == 0
+    assert steps["turn continued by itself"]["data"]["state"] == "completed"
+    probe = steps["probe on record"]["data"]
+    assert probe["answers"] == ["applied"]
+    assert probe["outcome"] == "succeeded"
+    assert probe["actor"] == "probe:append_file"
+    assert probe["result"] == {"path": "probed.txt", "bytes": len("written exactly once\n")}
+    assert probe["evidence"]  # what the probe saw is on record
+    assert steps["turn continued by itself"]["data"]["reply"].startswith(
+        "Tool append_file returned:"
+    )
+    assert steps["written exactly once"]["data"]["lines"] == 1
+    written = settings.sandbox_root.glob("*/probed.txt")
+    assert [f.read_text() for f in written] == ["written exactly once\n"]
