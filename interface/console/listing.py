@@ -1,10 +1,12 @@
 """The sessions list of the console: the read model's pages, and "needs attention".
 
 "Needs attention" lists every blocked session first (an interrupted turn
-waits for an operator), then every busy one (a turn in flight, which may be
-stuck), then every idle one whose last turn failed, each newest activity
-first; each row says which group it is in (``attention``). Its cursor says
-which of the lists it is in: ``blocked~<cursor>``, ``busy~<cursor>`` or
+waits for an operator), then every one awaiting approval (a proposed tool
+call waits for an operator; its rows carry the calls, ``proposed_calls``),
+then every busy one (a turn in flight, which may be stuck), then every idle
+one whose last turn failed, each newest activity first; each row says which
+group it is in (``attention``). Its cursor says which of the lists it is in:
+``blocked~<cursor>``, ``approval~<cursor>``, ``busy~<cursor>`` or
 ``failed~<cursor>``, the inner cursor being the read model's own.
 """
 
@@ -16,9 +18,16 @@ from turnlog.interface.problems import InvalidRequest
 from turnlog.projections import ReadModels
 
 # (group, session status, last turn's state): the lists of "needs attention", in order.
-GROUPS = (("blocked", "blocked", None), ("busy", "busy", None), ("failed", "idle", "failed"))
+GROUPS = (
+    ("blocked", "blocked", None),
+    ("approval", "awaiting_approval", None),
+    ("busy", "busy", None),
+    ("failed", "idle", "failed"),
+)
 ATTENTION = tuple(name for name, _, _ in GROUPS)
-FILTERS = ("idle", "busy", "blocked", "closed", "attention")
+FILTERS = ("idle", "busy", "blocked", "awaiting_approval", "closed", "attention")
+# Proposed calls shown per session awaiting approval (calls are proposed one at a time).
+MAX_PROPOSED_SHOWN = 20
 
 Page = tuple[list[dict[str, Any]], str | None]
 
@@ -34,12 +43,27 @@ def sessions_page(
     if search.strip():
         return read_models.search_sessions(search, limit), None
     if show == "attention":
-        return attention_page(read_models, limit, cursor)
-    return read_models.list_sessions(show or None, limit, cursor)
+        rows, following = attention_page(read_models, limit, cursor)
+    else:
+        rows, following = read_models.list_sessions(show or None, limit, cursor)
+    return with_proposed_calls(read_models, rows), following
+
+
+def with_proposed_calls(
+    read_models: ReadModels, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each session awaiting approval with the calls that wait (``proposed_calls``)."""
+    for row in rows:
+        if row["status"] == "awaiting_approval":
+            calls, _ = read_models.list_tool_calls(
+                "proposed", row["session_id"], None, MAX_PROPOSED_SHOWN
+            )
+            row["proposed_calls"] = calls
+    return rows
 
 
 def attention_page(read_models: ReadModels, limit: int, cursor: str | None) -> Page:
-    """Blocked sessions, then busy ones, ``limit`` at a time."""
+    """Blocked sessions, then those awaiting approval, busy and failed ones, ``limit`` at a time."""
     phase, inner = _decode(cursor)
     rows: list[dict[str, Any]] = []
     while phase < len(ATTENTION):

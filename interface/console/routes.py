@@ -93,7 +93,7 @@ def overview_shell(request: Request) -> HTMLResponse:
 async def sessions_fragment(
     request: Request,
     read_models: ReadModelsDep,
-    show: Literal["idle", "busy", "blocked", "closed", "attention", ""] = "",
+    show: Literal["idle", "busy", "blocked", "awaiting_approval", "closed", "attention", ""] = "",
     limit: Annotated[int, Query(ge=1, le=100)] = 25,
     cursor: Annotated[str | None, Query(max_length=600)] = None,
     q: Annotated[str, Query(max_length=200)] = "",

@@ -406,3 +406,99 @@ def test_the_paged_timeline_refuses_bad_paging_as_problems(reads: TestClient) ->
     problem(reads.get(f"{base}/timeline?since=0"), 422, "validation_error")
     other = reads.get("/v1/sessions?limit=1").json()["next_cursor"] or "WyJzZXNzaW9ucyJd"
     problem(reads.get(f"{base}/turns?cursor={other}"), 422, "invalid_cursor")
+
+
+# ------------------------------------------------------------- turn control
+
+
+def _caught_up(client: TestClient) -> None:
+    position = client.post("/v1/sessions", json={"title": "marker"}).json()["position"]
+    assert client.get(f"/v1/sessions?min_position={position}").status_code == 200
+
+
+def test_a_call_awaiting_approval_is_listed_under_needs_attention_and_decided_on_the_timeline(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    busy = new_session(reads, title="busy one")
+    reads.post(f"/v1/sessions/{busy}/turns", json={"message": "hello"})
+    sid = new_session(reads, title="needs a yes", tools=["append_file"], approval_policy="all")
+    args = '{"path": "out.txt", "text": "approve me"}'
+    tid = reads.post(f"/v1/sessions/{sid}/turns", json={"message": f"/tool append_file {args}"})
+    tid = tid.json()["turn_id"]
+    run_queued_turn(runtime, sid)  # the model asks; the call is proposed, nothing runs
+    call_id = reads.get(f"/v1/sessions/{sid}/turns/{tid}").json()["tool_calls"][0]["call_id"]
+    _caught_up(reads)
+
+    page = reads.get("/console/fragments/sessions?show=attention").text
+    seen = re.findall(r'href="/console/sessions/([0-9a-f-]{36})"', page)
+    assert seen == [sid, busy]  # awaiting approval before busy
+    assert page.index("Awaiting approval — ") < page.index("Busy — ")
+    assert f'href="/console/sessions/{sid}#approve-{call_id}"' in page
+    only = reads.get("/console/fragments/sessions?show=awaiting_approval").text
+    assert re.findall(r'href="/console/sessions/([0-9a-f-]{36})"', only) == [sid]
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+    assert f'id="approve-{call_id}"' in html
+    assert f'data-action="approve" data-call-id="{call_id}"' in html
+    assert f'data-action="reject" data-call-id="{call_id}"' in html
+    assert "&#34;approve me&#34;" in html  # the arguments, escaped, to edit
+    assert f'data-action="cancel" data-turn-id="{tid}"' in html
+    assert 'name="force"' not in html  # no one runs the turn: nothing to force
+    assert "Awaiting approval since" in html
+
+    # Edited arguments the schema refuses: the problem the dialog shows, nothing written.
+    url = f"/v1/sessions/{sid}/tool-calls/{call_id}/approve"
+    bad = reads.post(url, json={"actor": "ops", "arguments": {"path": "out.txt", "text": 5}})
+    assert problem(bad, 422, "invalid_tool_arguments")["detail"]
+    rejected = reads.post(
+        f"/v1/sessions/{sid}/tool-calls/{call_id}/reject",
+        json={"actor": "ops@example", "reason": "not that file"},
+    )
+    assert rejected.status_code == 200, rejected.text
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+    assert f'id="approve-{call_id}"' not in html
+    assert "<strong>rejected</strong> by ops@example: “not that file”" in html
+
+
+def test_an_approved_call_shows_who_approved_it_and_the_edited_arguments(
+    reads: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(reads, tools=["append_file"], approval_policy="side_effecting")
+    args = '{"path": "out.txt", "text": "asked"}'
+    reads.post(f"/v1/sessions/{sid}/turns", json={"message": f"/tool append_file {args}"})
+    run_queued_turn(runtime, sid)
+    call_id = reads.get(f"/v1/sessions/{sid}/turns").json()["items"][0]["tool_calls"][0]["call_id"]
+    edited = {"path": "out.txt", "text": "edited"}
+    approved = reads.post(
+        f"/v1/sessions/{sid}/tool-calls/{call_id}/approve",
+        json={"actor": "ops@example", "note": "checked", "arguments": edited},
+    )
+    assert approved.status_code == 200, approved.text
+    run_queued_turn(runtime, sid)
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+
+    assert "approved by ops@example: “checked”" in html
+    assert "with edited arguments (the model asked for" in html and "asked" in html
+    assert 'data-status="idle"' in html
+
+
+def test_a_cancelled_turn_shows_who_cancelled_it_and_why(reads: TestClient) -> None:
+    sid = new_session(reads)
+    tid = reads.post(f"/v1/sessions/{sid}/turns", json={"message": "hello"}).json()["turn_id"]
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+    assert f'data-action="cancel" data-turn-id="{tid}"' in html
+    assert "it is cancelled at once" in html
+
+    cancelled = reads.post(
+        f"/v1/sessions/{sid}/turns/{tid}/cancel",
+        json={"actor": "ops@example", "reason": "sent by mistake"},
+    )
+    assert cancelled.status_code == 200, cancelled.text
+
+    html = reads.get(f"/console/fragments/sessions/{sid}/timeline").text
+    assert "Cancelled by ops@example</h3>" in html
+    assert "sent by mistake" in html
+    assert f'data-action="cancel" data-turn-id="{tid}"' not in html
+    assert "badge-cancelled" in html

@@ -558,9 +558,18 @@
       return !message;
     }
 
-    function confirmDecision(title, summary, label) {
+    function confirmDecision(title, summary, label, warning) {
       const dialog = $("#confirm");
       const actor = $("#confirm-actor");
+      const box = $("#confirm-warning");
+      if (!box.dataset.html) box.dataset.html = box.innerHTML;
+      if (warning) {
+        const line = document.createElement("p");
+        line.textContent = warning;
+        box.replaceChildren(line);
+      } else {
+        box.innerHTML = box.dataset.html; // the page's own text, never data
+      }
       $("#confirm-title").textContent = title;
       $("#confirm-summary").textContent = summary;
       $("#confirm-go").textContent = label;
@@ -583,6 +592,51 @@
     }
 
     function decision(form) {
+      const call = form.dataset.callId;
+      if (form.dataset.action === "approve") {
+        const field = form.elements.arguments;
+        const edited = JSON.stringify(JSON.parse(field.value)) !== field.dataset.original;
+        const note = form.elements.note.value.trim();
+        return {
+          title: `Approve ${form.dataset.tool}?`,
+          summary:
+            `Call ${call} starts as soon as a worker takes the turn` +
+            (edited ? ", with the arguments as you edited them (checked against the tool's schema)." : ".") +
+            (note ? ` Note: “${note}”.` : ""),
+          warning: "Approving lets the tool act outside turnlog; your name is recorded with the approval.",
+          label: "Approve the call",
+          url: `/v1/sessions/${sessionId}/tool-calls/${call}/approve`,
+          body: { note, ...(edited ? { arguments: JSON.parse(field.value) } : {}) },
+          done: "Call approved; the turn continues.",
+        };
+      }
+      if (form.dataset.action === "reject") {
+        const reason = form.elements.reason.value.trim();
+        return {
+          title: `Reject ${form.dataset.tool}?`,
+          summary: `Call ${call} never runs; the model is told “rejected by operator: ${reason}” and the turn continues.`,
+          warning: "Your name and reason are recorded in the session's log.",
+          label: "Reject the call",
+          url: `/v1/sessions/${sessionId}/tool-calls/${call}/reject`,
+          body: { reason },
+          done: "Call rejected; the turn continues.",
+        };
+      }
+      if (form.dataset.action === "cancel") {
+        const reason = form.elements.reason.value.trim();
+        const force = Boolean(form.elements.force?.checked);
+        return {
+          title: force ? "Force-cancel this turn?" : "Cancel this turn?",
+          summary: `Reason: “${reason}”.`,
+          warning: force
+            ? "Force kills a side-effecting tool that is running: its outcome becomes unknown, the turn is interrupted and the session blocked until an operator records what happened."
+            : "A side-effecting tool that is running is left to finish and its result recorded; then the turn stops.",
+          label: force ? "Force-cancel the turn" : "Cancel the turn",
+          url: `/v1/sessions/${sessionId}/turns/${form.dataset.turnId}/cancel`,
+          body: { reason, force },
+          done: "Cancel recorded.",
+        };
+      }
       if (form.dataset.action === "abandon") {
         const reason = form.elements.reason.value.trim();
         return {
@@ -617,8 +671,12 @@
         form.elements.result.reportValidity();
         return;
       }
+      if (form.dataset.action === "approve" && !checkJson(form.elements.arguments)) {
+        form.elements.arguments.reportValidity();
+        return;
+      }
       const what = decision(form);
-      const actor = await confirmDecision(what.title, what.summary, what.label);
+      const actor = await confirmDecision(what.title, what.summary, what.label, what.warning);
       if (actor === null) return;
       const error = $(".form-error", form);
       const button = $("button[type=submit]", form);
@@ -656,7 +714,7 @@
     // Cancel is not a submit button, so that Enter in the name field confirms.
     $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));
     container.addEventListener("input", (event) => {
-      if (event.target.name === "result") checkJson(event.target);
+      if (event.target.name === "result" || event.target.name === "arguments") checkJson(event.target);
     });
     container.addEventListener("submit", (event) => {
       const form = event.target.closest("form[data-action]");
