@@ -47,6 +47,8 @@ def serve(settings: Settings, log: Path, stub: StubOpenAI) -> tuple[subprocess.P
         TURNLOG_OPENAI_API_KEY=KEY,
         TURNLOG_OPENAI_BASE_URL=stub.url,
         TURNLOG_OPENAI_MAX_RETRIES="0",
+        # A real provider's sessions leave out the demo tools unless chosen; this test calls echo.
+        TURNLOG_DEFAULT_TOOLS="echo",
     )
     port = free_port()
     with log.open("wb") as out:
