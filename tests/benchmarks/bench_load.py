@@ -5,12 +5,16 @@ by the domain's own commands and saved through the application in chunks,
 so the application takes its snapshots at save time with the default
 interval, exactly as a live session would get them. Each measurement opens a
 fresh ``Sessions`` (nothing cached), then times ``get_session`` +
-``next_request``; the baseline is the same for a 10-turn session.
+``request_for``; the baseline is the same for a 10-turn session. Row 3 is
+for sessions with a context-window policy (``context.max_turns`` = 20, the
+summaries recorded as the executor records them); row 3b the same without
+a policy, where the request carries every turn.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -29,6 +33,23 @@ from turnlog.interface.bootstrap import open_sessions
 WORKER = "bench-worker"
 SAVE_EVERY = 25  # turns per save while seeding
 LIVE_TURNS = 100  # the last turns are saved with the default snapshot interval
+POLICY_TURNS = 20  # context.max_turns of the sessions row 3 measures
+SUMMARY = (
+    "Summary of the conversation so far: the user asked the echo tool to return"
+    " 'benchmark N' for each turn; every call succeeded and its result was reported."
+)
+
+
+def compact_if_due(session: Session, turn_id: str, claim: int) -> None:
+    """The summary the executor records before a request that would break the session's
+    ``context.max_turns`` (the rule of ``domain.compaction.turns_to_cover``: the oldest
+    turns after the previous summary are covered so that ``(max_turns - 1) // 2`` remain)."""
+    limit = session.context_max_turns
+    if not limit or len(session.finished) - session.compacted_turns + 1 <= limit:
+        return
+    turns = len(session.finished) - (limit - 1) // 2
+    produced_by = {"provider": "fixture", "model": "fixture-1", "usage": {}}
+    session.compact_context(turn_id, claim, SUMMARY, turns, produced_by)
 
 
 def tool_turn(session: Session, index: int) -> None:
@@ -37,6 +58,7 @@ def tool_turn(session: Session, index: int) -> None:
     turn, _ = session.submit_turn(message)
     tid = turn.turn_id
     claim = session.claim_turn(tid, WORKER)
+    compact_if_due(session, tid, claim)
     call_id = f"call_{index}"
     call = {"call_id": call_id, "name": "echo", "arguments": {"text": f"benchmark {index}"}}
     session.record_model_reply(tid, claim, "", [call], {"input_messages": 4 * index + 1})
@@ -47,15 +69,20 @@ def tool_turn(session: Session, index: int) -> None:
     session.complete_turn(tid, claim, reply)
 
 
-def seed_session(bulk: Sessions, live: Sessions, turns: int) -> UUID:
+def seed_session(bulk: Sessions, live: Sessions, turns: int, max_turns: int | None = None) -> UUID:
     """A session of ``turns`` turns; its last ``LIVE_TURNS`` saved by ``live``.
+
+    ``max_turns``: the session's context-window policy (its summaries are
+    recorded as the executor records them).
 
     ``bulk`` takes no snapshots (taking one reloads the session from the
     store, which makes seeding quadratic); ``live`` has the default interval
     and saves the last turns every ``SAVE_EVERY`` turns, so the latest
     snapshots are taken at save time, where a live session's would be.
     """
-    session = Session.start(title=f"{turns} turns", tools=["echo"], model="fixture-1")
+    session = Session.start(
+        title=f"{turns} turns", tools=["echo"], model="fixture-1", context_max_turns=max_turns
+    )
     for index in range(turns):
         tool_turn(session, index)
         if (index + 1) % SAVE_EVERY == 0:
@@ -101,6 +128,12 @@ class Loader:
         self.parts: dict[UUID, list[tuple[float, float]]] = {}
         self.messages: dict[UUID, int] = {}
 
+    def warm_up(self, *session_ids: UUID) -> None:
+        """One unmeasured load of each: the server's buffers, not the process, are warm."""
+        for session_id in session_ids:
+            self(session_id)
+            self.parts[session_id].pop()
+
     def __call__(self, session_id: UUID) -> float:
         sessions = Sessions(
             env=database.library_env(self.db, self.settings, create_table=False),
@@ -121,7 +154,12 @@ class Loader:
 
 def figure_3(db: Database, cfg: Config) -> Figure:
     big_turns = 5000
-    repeat = max(cfg.repeat, 3 if cfg.quick else 5)
+    # A load with a policy takes tens of milliseconds: many repeats steady its median.
+    # Without one, the 5,000-turn request takes seconds; its row is a report.
+    repeats = {
+        "policy": max(cfg.repeat, 11 if cfg.quick else 21),
+        "none": max(cfg.repeat, 3 if cfg.quick else 5),
+    }
     with scratch_namespace(db) as settings:
         assert settings.snapshot_interval == Settings.model_fields["snapshot_interval"].default
         live = open_sessions(settings, db)
@@ -131,29 +169,56 @@ def figure_3(db: Database, cfg: Config) -> Figure:
         )
         try:
             seeding = time.monotonic()
-            small_id = seed_session(bulk, live, 10)
-            big_id = seed_session(bulk, live, big_turns)
+            ids = {
+                "policy": (
+                    seed_session(bulk, live, big_turns, POLICY_TURNS),
+                    seed_session(bulk, live, 10, POLICY_TURNS),
+                ),
+                "none": (seed_session(bulk, live, big_turns), seed_session(bulk, live, 10)),
+            }
             seeding = time.monotonic() - seeding
         finally:
             live.close()
             bulk.close()
-        facts = snapshot_facts(db, settings, big_id)
-        assert facts["snapshots"], "the 5,000-turn session has no snapshot"
+        facts = {kind: snapshot_facts(db, settings, big) for kind, (big, _) in ids.items()}
+        assert all(f["snapshots"] for f in facts.values()), "a 5,000-turn session has no snapshot"
         load = Loader(db, settings)
-        big, small = interleave(repeat, lambda: load(big_id), lambda: load(small_id))
-    t, b = Stat(big, "ms"), Stat(small, "ms")
-    ratio = t.median / b.median
-    messages = load.messages[big_id]
-    per_thousand = t.median / (messages / 1000)
-    load_ms = sorted(p[0] * 1000 for p in load.parts[big_id])[len(big) // 2]
-    build_ms = sorted(p[1] * 1000 for p in load.parts[big_id])[len(big) // 2]
+        stats = {}
+        for kind, (big_id, small_id) in ids.items():
+            load.warm_up(big_id, small_id)
+            big, small = interleave(repeats[kind], partial(load, big_id), partial(load, small_id))
+            stats[kind] = (Stat(big, "ms"), Stat(small, "ms"))
+    return _figure_3(ids, stats, load, facts, settings, seeding)
+
+
+def _figure_3(
+    ids: dict[str, tuple[UUID, UUID]],
+    stats: dict[str, tuple[Stat, Stat]],
+    load: Loader,
+    facts: dict[str, dict[str, Any]],
+    settings: Settings,
+    seeding: float,
+) -> Figure:
+    (t, b), (tn, bn) = stats["policy"], stats["none"]
+    ratio, ratio_none = t.median / b.median, tn.median / bn.median
+    big_policy, big_none = ids["policy"][0], ids["none"][0]
+    messages, messages_none = load.messages[big_policy], load.messages[big_none]
+    per_thousand = tn.median / (messages_none / 1000)
+
+    def split(session_id: UUID) -> str:
+        parts = load.parts[session_id]
+        loads = sorted(p[0] * 1000 for p in parts)[len(parts) // 2]
+        builds = sorted(p[1] * 1000 for p in parts)[len(parts) // 2]
+        return f"load {fmt(loads)} ms, request {fmt(builds)} ms"
+
     return Figure(
         3,
         "load a 5,000-turn session + build its next request (cold cache)",
         [
             Row(
                 "3",
-                f"load + next request, 5,000 turns ({messages:,} messages)",
+                f"load + next request, 5,000 turns vs 10, context.max_turns = {POLICY_TURNS}"
+                f" ({messages} messages)",
                 t,
                 b,
                 ratio,
@@ -162,7 +227,16 @@ def figure_3(db: Database, cfg: Config) -> Figure:
             ),
             Row(
                 "3b",
-                "absolute cost per 1,000 messages (5,000-turn session)",
+                f"the same without a context policy ({messages_none:,} messages)",
+                tn,
+                bn,
+                ratio_none,
+                "report",
+                None,
+            ),
+            Row(
+                "3c",
+                "absolute cost per 1,000 messages (5,000 turns, no policy)",
                 Stat([per_thousand], "ms"),
                 None,
                 None,
@@ -171,25 +245,33 @@ def figure_3(db: Database, cfg: Config) -> Figure:
             ),
         ],
         how=(
-            f"Two sessions written by the domain's own commands (the figure-1 turn: 7 events)"
+            f"Four sessions written by the domain's own commands (the figure-1 turn: 7 events)"
             f" and saved through the application every {SAVE_EVERY} turns; the last"
             f" {LIVE_TURNS} turns with the default snapshot interval"
-            f" ({settings.snapshot_interval} events), so the application took"
-            f" {facts['snapshots']} snapshots of the long one at save time (latest at version"
-            f" {facts['latest_snapshot_version']} of {facts['version']},"
-            f" {fmt((facts['latest_snapshot_bytes'] or 0) / 1e6)} MB). Each measurement builds a"
-            " fresh `Sessions` (empty cache; its pool is opened outside the timing), then times"
-            " `get_session` + `next_request`. Baseline: the same for a 10-turn session."
-            f" Of the long session's median: load {fmt(load_ms)} ms, request {fmt(build_ms)} ms."
-            f" Seeding took {fmt(seeding)} s."
+            f" ({settings.snapshot_interval} events), so the snapshots are taken (and the"
+            " superseded ones pruned) at save time: 5,000 and 10 turns with"
+            f" `context.max_turns = {POLICY_TURNS}` (a `ContextCompacted` recorded after the"
+            " claim whenever the request would carry more turns, as the executor does: about"
+            f" one every {POLICY_TURNS // 2 + 1} turns), and 5,000 and 10 turns without a policy."
+            f" The long sessions keep {facts['policy']['snapshots']} and"
+            f" {facts['none']['snapshots']} snapshot rows (latest"
+            f" {fmt((facts['policy']['latest_snapshot_bytes'] or 0) / 1e3)} kB and"
+            f" {fmt((facts['none']['latest_snapshot_bytes'] or 0) / 1e3)} kB). Each measurement"
+            " builds a fresh `Sessions` (empty cache; its pool is opened outside the timing),"
+            " then times `get_session` + `request_for` (the earlier turns read from the stream"
+            " by version range), after one unmeasured load of each session. Baseline: the same"
+            " for the 10-turn session of the same kind; runs alternate."
+            f" Of the long sessions' medians: with the policy {split(big_policy)}; without"
+            f" {split(big_none)}. Seeding took {fmt(seeding)} s."
         ),
         details={
-            **facts,
-            "messages": messages,
-            "small_messages": load.messages[small_id],
-            "split_ms_load_request": [
-                (round(a * 1000, 2), round(r * 1000, 2)) for a, r in load.parts[big_id]
-            ],
+            "snapshots": facts,
+            "messages": {"policy": messages, "none": messages_none},
+            "small_messages": {k: load.messages[v[1]] for k, v in ids.items()},
+            "split_ms_load_request": {
+                kind: [(round(a * 1000, 2), round(r * 1000, 2)) for a, r in load.parts[v[0]]]
+                for kind, v in ids.items()
+            },
             "seeding_seconds": seeding,
         },
     )

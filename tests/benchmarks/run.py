@@ -24,7 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.benchmarks import bench_http, bench_load, bench_logs, bench_throughput  # noqa: E402
+from tests.benchmarks import (  # noqa: E402
+    bench_http,
+    bench_load,
+    bench_logs,
+    bench_long_sessions,
+    bench_throughput,
+)
 from tests.benchmarks.bench_throughput import Config  # noqa: E402
 from tests.benchmarks.suite import (  # noqa: E402
     Clock,
@@ -49,6 +55,8 @@ FIGURES: dict[int, tuple[str, FigureFn]] = {
     6: ("HTTP submit + wait", bench_http.figure_6),
     7: ("live projection lag", bench_throughput.figure_7),
     8: ("peak RSS of serve", bench_http.figure_8),
+    9: ("stored bytes per turn", bench_long_sessions.figure_9),
+    10: ("GET /v1/sessions/{id}, long vs short", bench_long_sessions.figure_10),
 }
 
 
