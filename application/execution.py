@@ -25,7 +25,7 @@ from uuid import UUID
 from turnlog.application.cancel_watch import POLL_SECONDS, CancelWatch, utc_now
 from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.log_context import bound
-from turnlog.application.observer import Observer, Unobserved
+from turnlog.application.observer import Observer, Unobserved, cancel_kind
 from turnlog.application.probes import owner_identity, prober_of
 from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
 from turnlog.application.reply_deltas import DeltaHub
@@ -183,7 +183,8 @@ class Executor:
     def _cancel_expired_followups(self, session: Session) -> Session:
         """Cancel follow-ups queued behind the running turn whose deadline has passed."""
         now = utc_now()
-        expired = [t.turn_id for t in session.queued_turns() if t.cancel_due(now)]
+        reasons = {t.turn_id: t.cancel_due(now) for t in session.queued_turns()}
+        expired = [turn_id for turn_id, reason in reasons.items() if reason]
         if not expired:
             return session
 
@@ -192,8 +193,9 @@ class Executor:
                 s.finish_cancel(turn_id, now)
 
         session = self.sessions.update_session(session.id, cancel, current=session)[2]
-        for _ in expired:
+        for turn_id in expired:
             self.observer.turn_ended("cancelled")
+            self.observer.turn_cancelled(cancel_kind(reasons[turn_id]))
         return session
 
     def _report_end(self, turn: Turn) -> None:
@@ -203,6 +205,7 @@ class Executor:
             log.warning("turn failed: %s", turn.error)
         elif turn.state is TurnState.CANCELLED:
             log.info("turn cancelled (%s, by %s)", turn.reason, turn.actor)
+            self.observer.turn_cancelled(cancel_kind(turn.reason))
         elif turn.state is TurnState.AWAITING_APPROVAL:
             log.info("turn awaits an operator's approval; letting it go")
             return

@@ -2,7 +2,8 @@
 
 The executor tells an ``Observer`` about each model call and tool call (with
 its duration), each claim and each turn that ends; recovery tells it about
-interrupted turns. The interface turns these into Prometheus metrics; the
+interrupted turns; the runtime about turns cancelled and proposed calls
+decided. The interface turns these into Prometheus metrics; the
 application stays free of any metrics library. Observers are called on the
 thread running the turn and must return quickly and never raise.
 """
@@ -10,6 +11,13 @@ thread running the turn and must return quickly and never raise.
 from __future__ import annotations
 
 from typing import Protocol
+
+from turnlog.domain.turns import DEADLINE_REASON
+
+
+def cancel_kind(reason: str) -> str:
+    """A cancel's reason as a metric label: ``deadline``, or ``operator`` for any other."""
+    return "deadline" if reason == DEADLINE_REASON else "operator"
 
 
 class Observer(Protocol):
@@ -27,6 +35,13 @@ class Observer(Protocol):
     def turn_ended(self, outcome: str) -> None:
         """A turn this process ran ended: ``completed``, ``failed`` or ``interrupted``."""
 
+    def turn_cancelled(self, reason: str) -> None:
+        """This process recorded a turn cancelled: ``reason`` is ``deadline`` or ``operator``."""
+
+    def call_decided(self, decision: str) -> None:
+        """This process recorded an operator's decision on a proposed call: ``approved``
+        or ``rejected``."""
+
 
 class Unobserved:
     """The default observer: ignores everything."""
@@ -41,4 +56,10 @@ class Unobserved:
         return None
 
     def turn_ended(self, outcome: str) -> None:
+        return None
+
+    def turn_cancelled(self, reason: str) -> None:
+        return None
+
+    def call_decided(self, decision: str) -> None:
         return None

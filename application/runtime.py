@@ -17,6 +17,7 @@ from turnlog.application.database import Database
 from turnlog.application.errors import InvalidToolArguments, LeaseLost
 from turnlog.application.execution import Executor
 from turnlog.application.leases import Lease
+from turnlog.application.observer import cancel_kind
 from turnlog.application.probes import prober_of
 from turnlog.application.recovery import Decision, Verdict, decide
 from turnlog.application.sessions import CONTENDED_ATTEMPTS, Sessions, Submitted, Written
@@ -100,8 +101,10 @@ class Runtime:
             self.executor.observer.turn_ended("interrupted")
         elif verdict.decision is Decision.CANCEL and turn.state is not TurnState.RUNNING:
             # Queued or awaiting approval: no one runs it, so no claim is needed.
+            reason = turn.cancel_due(now)
             self.sessions.update(session_id, lambda s: s.finish_cancel(turn.turn_id, now))
             self.executor.observer.turn_ended("cancelled")
+            self.executor.observer.turn_cancelled(cancel_kind(reason))
         elif not verdict.decision.startswith("leave"):
             self.executor.run_turn(session_id, turn.turn_id, lease, stop)
         return verdict
@@ -133,11 +136,14 @@ class Runtime:
         self, session_id: UUID, turn_id: str, reason: str, actor: str, force: bool = False
     ) -> tuple[str, Written]:
         """Cancel a turn: at once when no one runs it, else by a request its owner acts on."""
-        return self.sessions.update(
+        done = self.sessions.update(
             session_id,
             lambda s: s.cancel_turn(turn_id, reason, actor, force),
             attempts=CONTENDED_ATTEMPTS,
         )
+        if done[0] == "cancelled" and done[1].position is not None:
+            self.executor.observer.turn_cancelled(cancel_kind(reason))
+        return done
 
     def approve_tool_call(
         self,
@@ -155,17 +161,21 @@ class Runtime:
                 self._check_arguments(call.name, arguments)
             return s.approve_tool_call(call_id, actor, note, arguments)
 
-        return self.sessions.update(session_id, approve, attempts=CONTENDED_ATTEMPTS)
+        done = self.sessions.update(session_id, approve, attempts=CONTENDED_ATTEMPTS)
+        self.executor.observer.call_decided("approved")
+        return done
 
     def reject_tool_call(
         self, session_id: UUID, call_id: str, actor: str, reason: str
     ) -> tuple[Turn, Written]:
         """Refuse a proposed call; the model is told, and the turn goes on."""
-        return self.sessions.update(
+        done = self.sessions.update(
             session_id,
             lambda s: s.reject_tool_call(call_id, actor, reason),
             attempts=CONTENDED_ATTEMPTS,
         )
+        self.executor.observer.call_decided("rejected")
+        return done
 
     def _check_arguments(self, name: str, arguments: dict[str, Any]) -> None:
         tool = self.executor.tools.get(name)

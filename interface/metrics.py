@@ -2,12 +2,15 @@
 
 - ``ExecutionMetrics`` implements the application's ``Observer`` port: turns
   this process ran by outcome, tool calls by tool and outcome, model and
-  tool call durations, claims and lease takeovers (claim > 1).
+  tool call durations, claims and lease takeovers (claim > 1), turns
+  cancelled by reason (operator, deadline), decisions on proposed calls
+  (approved, rejected).
 - ``RuntimeCollector`` reads at scrape time what this process holds: the
   Sessions application's connection pool (psycopg_pool statistics), the
   worker's held turns, the projection runners' states.
 - ``ReadModelCollector`` reads the namespace's read models at scrape time:
-  open turns by state (``interrupted`` > 0 means an operator must act) and
+  open turns by state (``interrupted`` or ``awaiting_approval`` > 0 means an
+  operator must act) and
   each read model's lag.
 
 ``serve --role …`` exposes them on its ``/metrics`` (``interface.http.metrics``
@@ -45,7 +48,7 @@ log = logging.getLogger("turnlog.metrics")
 # The *_created series double the output and say nothing a restart does not.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
-OPEN_STATES = ("queued", "running", "interrupted")
+OPEN_STATES = ("queued", "running", "awaiting_approval", "interrupted")
 MODEL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOOL_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 # psycopg_pool statistics that only grow (exposed as counters; absent until non-zero).
@@ -102,6 +105,23 @@ class ExecutionMetrics:
             "Turns this process interrupted: their owner died inside a side-effecting call.",
             registry=registry,
         )
+        self.cancelled = Counter(
+            "turnlog_turns_cancelled",
+            "Turns this process recorded cancelled, by reason (operator, deadline).",
+            ["reason"],
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "turnlog_tool_call_decisions",
+            "Operators' decisions on proposed tool calls this process recorded, by decision"
+            " (approved, rejected).",
+            ["decision"],
+            registry=registry,
+        )
+        for reason in ("operator", "deadline"):
+            self.cancelled.labels(reason)
+        for decision in ("approved", "rejected"):
+            self.decisions.labels(decision)
 
     def turn_claimed(self, claim: int) -> None:
         self.claims.inc()
@@ -119,6 +139,12 @@ class ExecutionMetrics:
         self.turns.labels(outcome).inc()
         if outcome == "interrupted":
             self.interrupted.inc()
+
+    def turn_cancelled(self, reason: str) -> None:
+        self.cancelled.labels(reason).inc()
+
+    def call_decided(self, decision: str) -> None:
+        self.decisions.labels(decision).inc()
 
 
 class RuntimeCollector(Collector):
@@ -218,7 +244,7 @@ class ReadModelCollector(Collector):
 def _open_turns(read_models: Any) -> Metric:
     gauge = GaugeMetricFamily(
         "turnlog_open_turns",
-        "Open turns by state (interrupted ones wait for an operator).",
+        "Open turns by state (interrupted and awaiting_approval ones wait for an operator).",
         labels=["state"],
     )
     for state in OPEN_STATES:
