@@ -18,6 +18,8 @@ threads that wait for any new event (the runners).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -143,7 +145,8 @@ class LogFollower:
 
     def _listen(self) -> psycopg.Connection[Any] | None:
         try:
-            conn = connect(self._db, application_name="turnlog-follower")
+            label = f"turnlog-follower {socket.gethostname()[:24]}:{os.getpid()}"[:63]
+            conn = connect(self._db, application_name=label)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         except (psycopg.Error, ApplicationError) as exc:
             log.warning("LISTEN connection lost (%s); polling until it is back", exc)

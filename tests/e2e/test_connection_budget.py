@@ -28,8 +28,8 @@ from turnlog.application.settings import Settings
 pytestmark = pytest.mark.fault
 
 # Own connections at rest (no turn running, so no lease): the "own connections"
-# column of docs/operations.md, one per LISTEN, lock or heartbeat.
-OWN_AT_REST = {"api": 1, "projections": 1 + 3, "worker": 1 + 2, "all": 1 + 3 + 2}
+# column of docs/operations.md: the follower's one LISTEN, one per lock or heartbeat.
+OWN_AT_REST = {"api": 1, "projections": 1 + 3, "worker": 1 + 1, "all": 1 + 3 + 1}
 
 
 def backends(database: Database, app_name: str, pid: int) -> int:
