@@ -862,7 +862,8 @@ class Session(Aggregate):
         answer = probe["answer"] if probe else ""
         if answer not in (ProbeAnswer.APPLIED, ProbeAnswer.NOT_APPLIED):
             raise errors.InvalidTransition(
-                f"tool call {call_id} has no probe answer that settles it (last: {answer or 'none'})"
+                f"tool call {call_id} has no probe answer that settles it"
+                f" (last: {answer or 'none'})"
             )
         applied = answer == ProbeAnswer.APPLIED
         if applied:
