@@ -104,6 +104,7 @@ def test_cancelling_a_running_command_kills_its_process_group_within_two_seconds
     done = poll(lambda: state_is(c, sid, tid, "cancelled", "completed"), 30, "cancelled")
     took = time.monotonic() - asked
 
+    print(f"\ncancel → cancelled, group killed: {took:.2f} s (bound {scaled(2.0):.1f} s)")
     assert done["state"] == "cancelled", done
     assert took < scaled(2.0), took
     assert done["tool_calls"][0]["state"] == "cancelled"
@@ -119,8 +120,11 @@ def test_cancelling_during_a_side_effecting_write_lets_it_finish_once_then_stops
     tid = c.submit(sid, append_call(delay=3)).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(sid), 30, "the call started")
 
+    asked = time.monotonic()
     assert cancel(c, sid, tid)["cancel"] == "requested"
     done = poll(lambda: state_is(c, sid, tid, "cancelled", "completed"), 60, "the turn stopped")
+    lines = (settings.sandbox_root / sid / "out.txt").read_text().count("\n")
+    print(f"\ncancel in a 3 s write → stopped in {time.monotonic() - asked:.2f} s, {lines} line")
 
     assert done["state"] == "cancelled"
     assert done["tool_calls"][0]["state"] == "succeeded"  # its result is on record
@@ -139,8 +143,10 @@ def test_a_forced_cancel_kills_a_side_effecting_call_and_interrupts_the_turn(
     tid = c.submit(sid, append_call(delay=60)).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(sid), 30, "the call started")
 
+    asked = time.monotonic()
     cancel(c, sid, tid, force=True)
     done = poll(lambda: state_is(c, sid, tid, "interrupted"), 30, "interrupted")
+    print(f"\nforced cancel of a 60 s write → interrupted after {time.monotonic() - asked:.2f} s")
 
     assert done["tool_calls"][0]["state"] == "unknown"
     refused = c.submit(sid, "hello")
@@ -164,7 +170,9 @@ def test_an_approval_survives_the_worker_being_killed_while_the_turn_waits(
     )
 
     assert approved.status_code == 200, approved.text
+    asked = time.monotonic()
     done = poll(lambda: state_is(c, sid, tid, "completed", "failed"), 60, "completed")
+    print(f"\napproval after the waiter's SIGKILL → completed in {time.monotonic() - asked:.2f} s")
     assert done["state"] == "completed"
     assert (settings.sandbox_root / sid / "out.txt").read_text() == "written\n"
 
@@ -186,7 +194,11 @@ def test_a_deadline_that_passes_while_no_worker_runs_is_enforced_by_the_next_wor
     poll(lambda: datetime.now(UTC) > deadline, 10, "the deadline to pass")
     assert c.turn(sid, tid)["state"] == "queued"
 
+    started = time.monotonic()
     c.worker("w1", **c.env)  # type: ignore[attr-defined]
     done = poll(lambda: state_is(c, sid, tid, "cancelled", "completed"), 60, "cancelled")
+    print(
+        f"\nexpired deadline → cancelled {time.monotonic() - started:.2f} s after a worker started"
+    )
 
     assert (done["state"], done["reason"], done["actor"]) == ("cancelled", "deadline", "turnlog")
