@@ -12,6 +12,12 @@ interrupted (its side-effecting call's outcome unknown), and the invariants
 of ``record.check`` hold. An interrupted turn is settled as an operator would:
 the client looks for the call's marker line and resolves the call with what
 it found, or abandons the turn.
+
+Operators act on running work too: every third client's session asks for
+approval before side-effecting calls (``approval_policy``), and the client
+approves or rejects each proposed call at random; about one turn in
+``CANCEL_ONE_IN`` is cancelled at a random moment. Each cancel and decision
+the API acknowledged must be in the session's record at the end.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ from tests.fault.record import (
 from turnlog.projections.catalog import read_models
 from turnlog.projections.status import lock_holder
 
-FINISHED = {"completed", "failed", "interrupted", "abandoned"}
+FINISHED = {"completed", "failed", "interrupted", "abandoned", "cancelled"}
 RETRYABLE = {502, 503, 504}
+CANCEL_ONE_IN = 6  # about one turn in this many is cancelled by the client
+APPROVING_CLIENT = 3  # every third client's session asks approval of side-effecting calls
 
 
 def message_for(i: int) -> tuple[str, str, str]:
@@ -107,6 +115,10 @@ class Workload:
     acknowledged: dict[str, str] = field(default_factory=dict)  # turn id → kind
     markers: dict[str, str] = field(default_factory=dict)  # marker → turn id
     operator: dict[str, int] = field(default_factory=lambda: {"resolved": 0, "abandoned": 0})
+    # What the clients asked of running work, each acknowledged (200) or too late (409):
+    # turn id → (session id, reason, answer); call id → (session id, turn id, decision, answer).
+    cancels: dict[str, tuple[str, str, int]] = field(default_factory=dict)
+    decisions: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)
     retries: int = 0  # requests repeated because the API was down or restarting
     errors: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -146,10 +158,14 @@ class Workload:
 
     def _client(self, n: int, http: Client) -> None:
         key = f"client-{n}-{uuid.uuid4().hex[:6]}"
+        body: dict[str, Any] = {"title": key}
+        if n % APPROVING_CLIENT == APPROVING_CLIENT - 1:
+            body["approval_policy"] = "side_effecting"
         created = http.call(
-            "POST", "/v1/sessions", {201}, json={"title": key}, headers={"Idempotency-Key": key}
+            "POST", "/v1/sessions", {201}, json=body, headers={"Idempotency-Key": key}
         )
         session_id = created.json()["session_id"]
+        chance = random.Random(f"{key}")
         while not self.stop.is_set():
             i = self._next()
             kind, message, marker = message_for(i)
@@ -165,21 +181,73 @@ class Workload:
                 self.acknowledged[turn_id] = kind
                 if marker:
                     self.markers[marker] = turn_id
-            self._see_through(http, session_id, turn_id, marker, i)
+            cancel_at = (
+                time.monotonic() + chance.uniform(0.0, 0.4)
+                if chance.randrange(CANCEL_ONE_IN) == 0
+                else None
+            )
+            self._see_through(http, session_id, turn_id, marker, i, cancel_at, chance)
 
     def _see_through(
-        self, http: Client, session_id: str, turn_id: str, marker: str, i: int
+        self,
+        http: Client,
+        session_id: str,
+        turn_id: str,
+        marker: str,
+        i: int,
+        cancel_at: float | None = None,
+        chance: random.Random | None = None,
     ) -> None:
-        """Wait for the turn to finish; settle it as an operator would if interrupted."""
+        """Wait for the turn to finish; settle it as an operator would if interrupted,
+        decide its proposed calls, and cancel it at ``cancel_at`` if given."""
         path = f"/v1/sessions/{session_id}/turns/{turn_id}"
+        chance = chance or random.Random(turn_id)
 
         def finished() -> bool:
+            nonlocal cancel_at
             turn = http.call("GET", path, {200}).json()
+            if cancel_at is not None and time.monotonic() >= cancel_at:
+                cancel_at = None
+                self._cancel(http, session_id, turn_id, i)
             if turn["state"] == "interrupted":
                 self._settle(http, session_id, turn, marker, i)
+            if turn["state"] == "awaiting_approval":
+                for call in turn["tool_calls"]:
+                    if call["state"] == "proposed":
+                        self._decide(http, session_id, turn_id, call["call_id"], chance)
             return turn["state"] in FINISHED
 
         deadlines.poll(finished, self.deadline(120), f"turn {turn_id} finished", every=0.1)
+
+    def _cancel(self, http: Client, session_id: str, turn_id: str, i: int) -> None:
+        reason = f"chaos: cancel {i}"
+        answer = http.call(
+            "POST",
+            f"/v1/sessions/{session_id}/turns/{turn_id}/cancel",
+            {200, 409},  # 409: finished or interrupted first, or our earlier attempt did it
+            json={"reason": reason, "actor": "chaos"},
+        )
+        with self.lock:
+            if self.cancels.get(turn_id, ("", "", 409))[2] != 200:
+                self.cancels[turn_id] = (session_id, reason, answer.status_code)
+
+    def _decide(
+        self, http: Client, session_id: str, turn_id: str, call_id: str, chance: random.Random
+    ) -> None:
+        with self.lock:
+            known = self.decisions.get(call_id)
+        decision = known[2] if known else chance.choice(("approved", "rejected"))
+        body = {"actor": "chaos"} if decision == "approved" else {"actor": "chaos", "reason": "no"}
+        verb = "approve" if decision == "approved" else "reject"
+        answer = http.call(
+            "POST",
+            f"/v1/sessions/{session_id}/tool-calls/{call_id}/{verb}",
+            {200, 409},  # 409: our earlier attempt did it before the API died, or a cancel won
+            json=body,
+        )
+        with self.lock:
+            if not known or known[3] != 200:
+                self.decisions[call_id] = (session_id, turn_id, decision, answer.status_code)
 
     def _settle(
         self, http: Client, session_id: str, turn: dict[str, Any], marker: str, i: int
@@ -245,6 +313,7 @@ class Campaign:
         self.worker_names = [f"worker{i}" for i in range(workers)]
         self.kills: list[Kill] = []
         self.rounds: list[Round] = []
+        self.unrecorded: list[str] = []  # operator actions acknowledged but not on record
         self.record = Record(c.settings, c.database)
         self.workload = Workload(c, deadline=self.deadline)
 
@@ -372,7 +441,36 @@ class Campaign:
             markers = dict(self.workload.markers)
         acknowledged = self._acknowledged()
         findings = check(self.record.refresh(), acknowledged, self._killed_workers(), markers)
+        self.unrecorded = self.operator_actions_unrecorded()
         return self.figures(findings)
+
+    def operator_actions_unrecorded(self) -> list[str]:
+        """Each cancel and decision the API acknowledged (200) that its turn's record lacks,
+        and any decision recorded other than the one asked."""
+        turns = self.record.by_turn()
+        with self.workload.lock:
+            cancels = dict(self.workload.cancels)
+            decisions = dict(self.workload.decisions)
+        missing = []
+        for turn_id, (_, reason, answer) in cancels.items():
+            recorded = any(
+                e.topic in ("TurnCancelled", "CancelRequested") and e.payload["reason"] == reason
+                for e in turns.get(turn_id, [])
+            )
+            if answer == 200 and not recorded:
+                missing.append(f"cancel of {turn_id} acknowledged, not on record")
+        topics = {"approved": "ToolCallApproved", "rejected": "ToolCallRejected"}
+        for call_id, (_, turn_id, decision, answer) in decisions.items():
+            found = [
+                e.topic
+                for e in turns.get(turn_id, [])
+                if e.topic in topics.values() and e.payload["call_id"] == call_id
+            ]
+            if answer == 200 and found != [topics[decision]]:
+                missing.append(f"{decision} {call_id} acknowledged; on record: {found}")
+            elif found and found != [topics[decision]]:
+                missing.append(f"{decision} {call_id} asked; on record: {found}")
+        return missing
 
     def figures(self, findings: Any) -> dict[str, Any]:
         turns = self.record.by_turn()
@@ -389,9 +487,20 @@ class Campaign:
             "turns acknowledged": len(states),
             "turns completed": states.count("completed"),
             "turns abandoned (by the operator, after an interruption)": states.count("abandoned"),
+            "turns cancelled (by the clients)": states.count("cancelled"),
             "turns not finished": len(states)
             - states.count("completed")
-            - states.count("abandoned"),
+            - states.count("abandoned")
+            - states.count("cancelled"),
+            "cancels asked / acknowledged": (
+                len(self.workload.cancels),
+                sum(a == 200 for *_, a in self.workload.cancels.values()),
+            ),
+            "calls approved / rejected (acknowledged)": (
+                sum(d == "approved" and a == 200 for *_, d, a in self.workload.decisions.values()),
+                sum(d == "rejected" and a == 200 for *_, d, a in self.workload.decisions.values()),
+            ),
+            "operator actions not on record": len(self.unrecorded),
             "turns resumed after their worker died": outcomes.count("resumed"),
             "turns interrupted (side-effecting call in flight)": outcomes.count("interrupted"),
             "calls resolved by the operator": self.workload.operator["resolved"],
@@ -399,8 +508,10 @@ class Campaign:
             "lost": len(findings.lost),
             "duplicates": len(findings.duplicate_effects),
             "invariant violations": sum(findings.counts().values())
-            + sum(len(r.problems) for r in self.rounds),
-            "round problems": [p for r in self.rounds for p in r.problems][:20],
+            + sum(len(r.problems) for r in self.rounds)
+            + len(self.unrecorded),
+            "round problems": [p for r in self.rounds for p in r.problems][:20]
+            + self.unrecorded[:20],
             "findings": findings.counts(),
             "worker takeover latency p50 (s)": percentile(takeover, 0.5),
             "worker takeover latency max (s)": max(takeover, default=None),

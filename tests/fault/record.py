@@ -30,6 +30,7 @@ ENDINGS = {
     "TurnFailed": "failed",
     "TurnAbandoned": "abandoned",
     "TurnInterrupted": "interrupted",
+    "TurnCancelled": "cancelled",
 }
 RESULTS = ("ToolCallSucceeded", "ToolCallFailed")
 
@@ -256,7 +257,12 @@ def held_at(record: Record, pid: int, at: float) -> dict[str, list[str]]:
         claims = [e for e in before if e.topic == "TurnClaimed"]
         if not claims or worker_pid(claims[-1].payload["worker_id"]) != pid:
             continue
-        if any(e.topic in ENDINGS for e in before if e.position > claims[-1].position):
+        # Ended, or let go to wait for an operator's approval (no one holds it then).
+        if any(
+            e.topic in ENDINGS or e.topic == "ToolCallProposed"
+            for e in before
+            if e.position > claims[-1].position
+        ):
             continue
         settled = {str(e.payload["call_id"]) for e in before if e.topic in RESULTS}
         unsafe = [
@@ -277,9 +283,15 @@ def recovered(record: Record, held: dict[str, list[str]], at: float) -> dict[str
     outcome: dict[str, str] = {}
     for turn_id, unsafe in held.items():
         after = [e for e in turns.get(turn_id, []) if e.at > at]
-        first = next((e for e in after if e.topic in ("TurnClaimed", "TurnInterrupted")), None)
+        first = next(
+            (e for e in after if e.topic in ("TurnClaimed", "TurnInterrupted", "TurnCancelled")),
+            None,
+        )
         if first is None:
             outcome[turn_id] = ""
+        elif first.topic == "TurnCancelled":
+            # Cancelled while no one ran it: never with a side-effecting call in flight.
+            outcome[turn_id] = f"WRONG: {first.topic}" if unsafe else "cancelled"
         elif unsafe:
             interrupted = first.topic == "TurnInterrupted" and set(unsafe) <= set(
                 first.payload["call_ids"]

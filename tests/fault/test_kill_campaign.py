@@ -3,7 +3,9 @@
 ``make chaos`` runs the long one (tests/fault/chaos.py, 200+ kills); this
 one keeps the same invariants in every ``make test``: every role (API,
 projection runner, worker) is killed at least once, at random moments, and
-every round and the whole record are checked.
+every round and the whole record are checked; clients cancel turns and
+approve or reject proposed calls at random meanwhile, and each cancel and
+decision acknowledged must be on record.
 
 It has no fixed time budget: each wait grows with the slowest restart the
 campaign has measured and with the machine's load (``Campaign.deadline``,
@@ -56,4 +58,8 @@ def test_random_kills_of_every_role_lose_nothing_repeat_no_side_effect_and_leave
     assert figures["invariant violations"] == 0, figures["round problems"]
     assert figures["turns not finished"] == 0
     assert figures["turns acknowledged"] > KILLS
+    assert figures["operator actions not on record"] == 0
+    asked = figures["cancels asked / acknowledged"][0]
+    decided = sum(figures["calls approved / rejected (acknowledged)"])
+    assert asked + decided > 0, "no cancel or approval was mixed in"
     assert failures == []
