@@ -23,40 +23,24 @@ from starlette.types import Receive, Scope, Send
 
 from turnlog.application.history import History, RecordedEvent
 from turnlog.interface.http.schemas import EventOut
-from turnlog.interface.http.waits import TurnWaits
+from turnlog.interface.http.waits import Slots, TurnWaits
 from turnlog.interface.problems import TooManyStreams
 
 BATCH = 500
 
 
-class StreamSlots:
+class StreamSlots(Slots):
     """A bound on open event streams in this process."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> Callable[[], None]:
-        """Take a slot or raise TooManyStreams; returns the (idempotent) release."""
-        with self._lock:
-            if self.open >= self.limit:
-                raise TooManyStreams(
-                    f"all {self.limit} live event streams of this server are in use; "
-                    "retry later or read pages without text/event-stream",
-                    limit=self.limit,
-                )
-            self.open += 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            with self._lock:
-                if not released:
-                    released = True
-                    self.open -= 1
-
-        return release
+        super().__init__(
+            limit,
+            lambda: TooManyStreams(
+                f"all {limit} live event streams of this server are in use; "
+                "retry later or read pages without text/event-stream",
+                limit=limit,
+            ),
+        )
 
 
 class EventStreamResponse(StreamingResponse):

@@ -25,13 +25,45 @@ from turnlog.interface.problems import TooManyWaits
 DRAIN_CHECK = 1.0
 
 
+class Slots:
+    """A bound on how many of one kind of long request this process serves at once."""
+
+    def __init__(self, limit: int, refusal: Callable[[], Exception]) -> None:
+        self.limit = limit
+        self.open = 0
+        self._refusal = refusal
+        self._lock = threading.Lock()
+
+    def acquire(self) -> Callable[[], None]:
+        """Take a slot or raise the refusal; returns the (idempotent) release."""
+        with self._lock:
+            if self.open >= self.limit:
+                raise self._refusal()
+            self.open += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if not released:
+                    released = True
+                    self.open -= 1
+
+        return release
+
+
 class TurnWaits:
     """The waits of this process: a bound on how many, woken per session by the follower."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-        self._lock = threading.Lock()
+        self.slots = Slots(
+            limit,
+            lambda: TooManyWaits(
+                f"all {limit} waits of this server are in use; retry later, or "
+                "submit without ?wait and read the turn (or follow its events)",
+                limit=limit,
+            ),
+        )
         self._waiters: dict[UUID, set[asyncio.Event]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: LogFollower | None = None
@@ -60,24 +92,12 @@ class TurnWaits:
 
     def acquire(self) -> Callable[[], None]:
         """Take a slot or raise TooManyWaits; returns the (idempotent) release."""
-        with self._lock:
-            if self.open >= self.limit:
-                raise TooManyWaits(
-                    f"all {self.limit} waits of this server are in use; retry later, or "
-                    "submit without ?wait and read the turn (or follow its events)",
-                    limit=self.limit,
-                )
-            self.open += 1
-        released = False
+        return self.slots.acquire()
 
-        def release() -> None:
-            nonlocal released
-            with self._lock:
-                if not released:
-                    released = True
-                    self.open -= 1
-
-        return release
+    @property
+    def open(self) -> int:
+        """Waits holding a slot now."""
+        return self.slots.open
 
     @property
     def watching(self) -> int:

