@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint format clean-data bench bench-quick profile browser-deps chaos \
-	unit integration api e2e fault browser browser-deps-if-root
+	unit integration api client e2e fault browser browser-deps-if-root
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "turnlog needs Python 3.11 or newer (set PYTHON=...)")'
@@ -46,7 +46,7 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-integration api e2e fault: $(STAMP)
+integration api client e2e fault: $(STAMP)
 	$(PYTEST) $(PARALLEL) tests/$@ $(PYTEST_ARGS)
 
 browser: $(STAMP) browser-deps-if-root
