@@ -148,8 +148,10 @@ def test_the_overview_shows_open_turns_tool_calls_workers_and_projection_lag(
     page.goto(f"{server.url}/console/overview")
 
     open_turns = page.locator("section", has=page.get_by_role("heading", name="Open turns"))
-    expect(open_turns.locator("tbody tr")).to_have_count(3)
-    expect(open_turns.locator("tbody tr").nth(2)).to_contain_text("interrupted")
+    # One row per open state: queued, running, awaiting approval, interrupted.
+    expect(open_turns.locator("tbody tr")).to_have_count(4)
+    expect(open_turns.locator("tbody tr", has_text="interrupted")).to_have_count(1)
+    expect(open_turns.locator("tbody tr", has_text="awaiting approval")).to_have_count(1)
     calls = page.locator("section", has=page.get_by_role("heading", name="Tool calls, last hour"))
     expect(calls.locator("svg[role=img] rect")).not_to_have_count(0)
     succeeded = calls.locator("tbody tr", has_text="succeeded")

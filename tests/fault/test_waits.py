@@ -115,6 +115,8 @@ def test_waits_past_the_bound_are_refused_before_anything_is_written(
         waiting = _wait_in_background(url, sessions[:3], 3)
         state = app.state.turnlog
         poll(lambda: state.waits.open == 3, 60, "3 waits open")
+        # A wait takes its slot before its turn is submitted: let the three submits land.
+        poll(lambda: _submitted(database, settings) == 3, 60, "3 turns submitted")
         before = raw_events(database, settings.namespace)
         refused = httpx.post(
             f"{url}/v1/sessions/{sessions[3]}/turns?wait=5", json={"message": "x"}, timeout=30
@@ -130,3 +132,7 @@ def test_waits_past_the_bound_are_refused_before_anything_is_written(
         state.draining.set()
         waiting.join(60)
         assert state.waits.open == 0
+
+
+def _submitted(database: Database, settings: Settings) -> int:
+    return sum(".TurnSubmitted." in r[3] for r in raw_events(database, settings.namespace))

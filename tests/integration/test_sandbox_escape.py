@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from turnlog.application import tools as tools_module
 from turnlog.application.command_tools import shell_tool
 from turnlog.application.runtime import Runtime
 from turnlog.application.sandboxes import Sandboxes, _size
@@ -34,27 +35,39 @@ def layout(tmp_path: Path) -> tuple[Path, Path]:
     return sandbox, outside
 
 
-def _context(sandbox: Path) -> ToolContext:
-    return ToolContext(session_id="s1", call_id="c1", attempt=1, sandbox=sandbox)
+def _context(sandbox: Path, stop: threading.Event | None = None) -> ToolContext:
+    if stop is None:
+        return ToolContext(session_id="s1", call_id="c1", attempt=1, sandbox=sandbox)
+    return ToolContext(session_id="s1", call_id="c1", attempt=1, sandbox=sandbox, stop=stop)
+
+
+_stop_for_next_call: threading.Event | None = None
 
 
 def _append(sandbox: Path, arguments: dict[str, Any]) -> Any:
     tool = registry.get("append_file")
     assert tool is not None
-    return tool.run(arguments, _context(sandbox))
+    return tool.run(arguments, _context(sandbox, _stop_for_next_call))
+
+
+class _SwappingStop(threading.Event):
+    """The call's stop event: append_file waits its delay on it, so the swap happens there."""
+
+    def __init__(self, swap: Any, delays: list[float]) -> None:
+        super().__init__()
+        self._swap = swap
+        self._delays = delays
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self._delays.append(timeout or 0.0)
+        self._swap()
+        return super().wait(timeout)
 
 
 def _swap_during_delay(monkeypatch: pytest.MonkeyPatch, swap: Any) -> list[float]:
     """Make the swap happen inside append_file's delay (after its check), then really wait."""
-    real_sleep = tools_module.time.sleep
     delays: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        delays.append(seconds)
-        swap()
-        real_sleep(seconds)
-
-    monkeypatch.setattr(tools_module.time, "sleep", sleep)
+    monkeypatch.setattr(sys.modules[__name__], "_stop_for_next_call", _SwappingStop(swap, delays))
     return delays
 
 

@@ -1,9 +1,10 @@
 """Imports point inwards: interface → application / projections → domain.
 
 Projections read the log through the application's infrastructure (database
-connection, settings, errors and the Sessions application's mapper, which
-decodes stored events exactly as the aggregate sees them) but never its use
-cases: commands, the agent loop, workers, recovery, providers or tools.
+connection, settings, errors, the log's order and its one follower per
+process, and the Sessions application's mapper, which decodes stored events
+exactly as the aggregate sees them) but never its use cases: commands, the
+agent loop, workers, recovery, providers or tools.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 PROJECTIONS_MAY_USE = {
+    "application.chain",  # the log's hash chain, which audit recomputes
     "application.database",
     "application.errors",
+    "application.follower",  # the process's one reader of the log's tail, whose pages they fold
     "application.logorder",  # the log's order and commit horizon (how the log is read)
     "application.settings",
     "application.sessions",

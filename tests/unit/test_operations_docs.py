@@ -62,7 +62,7 @@ def test_every_endpoint_in_the_readme_table_is_served() -> None:
     assert len(rows) >= 10
     paths = create_app(Settings(), role=Role.ALL).openapi()["paths"]
     for method, path in rows:
-        normalized = re.sub(r"\{id\}", "{session_id}", path)
+        normalized = re.sub(r"\{id\}", "{session_id}", path.split("?", 1)[0])
         assert normalized in paths, path
         assert method.lower() in paths[normalized], f"{method} {path}"
 

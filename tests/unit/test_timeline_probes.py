@@ -30,6 +30,8 @@ def test_each_probe_run_is_shown_with_its_answer_note_and_evidence_escaped() -> 
         "result": {"bytes": 2},
         "outcome": "succeeded",
         "actor": "probe:append_file",
+        "approval": "",
+        "proposed_arguments": None,
         "note": "",
         "error": "",
         "running_seconds": None,
