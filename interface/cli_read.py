@@ -98,6 +98,7 @@ def projections_run(
     metrics_host: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Keep the read models up to date until SIGTERM or SIGINT (hot standby if another runs)."""
+    from turnlog.application.follower import LogFollower
     from turnlog.interface.logs import configure_logging
     from turnlog.interface.metrics import MetricsServer
     from turnlog.interface.roles import Parts, Role
@@ -111,6 +112,9 @@ def projections_run(
     stop = stop_on_signals()
     with refusals():
         rt = _root(ctx).runtime()
+        # The process's one reader of the log's tail: without it the runners only poll.
+        follower = LogFollower(rt.sessions, rt.db)
+        follower.start()
         supervisor = ProjectionSupervisor(
             rt.settings,
             rt.db,
@@ -118,9 +122,10 @@ def projections_run(
             sessions=rt.sessions,
             batch_size=batch_size,
             poll_interval=poll_interval,
+            follower=follower,
         )
         supervisor.start()
-        parts.runtime, parts.supervisor = rt, supervisor
+        parts.runtime, parts.supervisor, parts.follower = rt, supervisor, follower
         parts.start()  # adds the read models' handle; the runtime stays the command's
     names = ", ".join(m.name for m in supervisor.models)
     log.info("running read models %s in namespace %s", names, rt.settings.namespace)
