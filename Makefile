@@ -31,7 +31,7 @@ lint: $(STAMP)
 # Chromium for the browser ring when it can (root and apt-get); where it cannot, the
 # summary says loudly that the browser ring did not run. Each run ends with the ten
 # slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); n=$$((2 * n)); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 PYTEST := $(BIN)/pytest --durations=10
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
