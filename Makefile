@@ -77,7 +77,7 @@ chaos: $(STAMP)
 	TURNLOG_CHAOS=1 TURNLOG_TEST_DATABASE_URL=$(CHAOS_DATABASE_URL) \
 	TURNLOG_FUZZ_EXAMPLES=60 TURNLOG_FUZZ_MIN_REQUESTS=2000 \
 		$(BIN)/pytest -p no:cacheprovider -rs -s \
-		tests/fault/test_database_faults.py tests/api/test_openapi_fuzz.py
+		tests/fault/test_database_faults.py tests/fault/test_log_order.py tests/api/test_openapi_fuzz.py
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -393,7 +393,7 @@ def test_namespaces_that_are_not_identifiers_are_refused_before_any_sql(
 
 
 def _of_another_test(schema: str) -> bool:
-    return re.fullmatch(r"turnlog_t_[0-9a-f]{12}|pg_(toast_)?temp_\d+", schema) is not None
+    return re.fullmatch(r"turnlog_t_\w+|pg_(toast_)?temp_\d+", schema) is not None
 
 
 def _schemas(database: Database) -> list[str]:
