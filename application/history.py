@@ -148,11 +148,22 @@ class History:
         return RecordedEvent(
             position=int(row["notification_id"]),
             version=stored.originator_version,
-            type=type(event).__name__,
+            type=event_type(stored.topic),
             topic=stored.topic,
             timestamp=event.timestamp,
             payload=json.loads(json.dumps(fields, default=str)),
         )
+
+
+def event_type(topic: str) -> str:
+    """The name an event is shown by: the one in its stored topic, not its class's.
+
+    ``turnlog.session.SessionStarted.v1`` → ``SessionStarted`` (the class is
+    ``Session.Started``): renaming a class changes neither what is stored nor
+    what the API and its event streams say.
+    """
+    parts = topic.split(".")
+    return parts[-2] if len(parts) > 1 else topic
 
 
 def count_topics(

@@ -3,7 +3,7 @@
 Turns carry their idempotency key in the domain (TurnSubmitted). A session
 has no earlier state to keep a key in, so the key *is* its identity: the
 session id is a UUIDv5 of (namespace, key), and the request's fingerprint is
-stored in the SessionStarted metadata. A repeat with the same body finds the
+stored in the metadata of its Started event. A repeat with the same body finds the
 session; a repeat with a different body is refused; two racing first
 requests meet at the library's optimistic concurrency on version 1.
 """

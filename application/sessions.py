@@ -251,7 +251,7 @@ class Sessions(Application[UUID]):
                 earlier = hit[2]
                 new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
                 for event in new:
-                    if not isinstance(event, Session.SessionStarted):
+                    if not isinstance(event, Session.Started):
                         cast(Any, event).apply(earlier)
             else:
                 earlier = self.replay_range(session_id, first, last)
@@ -461,7 +461,7 @@ class Sessions(Application[UUID]):
     def session_ids(self, limit: int = 1000) -> Sequence[UUID]:
         """Ids of sessions in order of creation (from the log, for tools and tests)."""
         notifications = self.recorder.select_notifications(
-            start=None, limit=limit, topics=[Session.SessionStarted.TOPIC]
+            start=None, limit=limit, topics=[Session.Started.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
 

@@ -69,11 +69,12 @@ class Session(Aggregate):
         TOPIC = "turnlog.session.Snapshot.v2"
 
     class Created(Aggregate.Created):
-        """Unused library base; sessions start with SessionStarted."""
+        """Unused library base; sessions start with Started."""
 
         TOPIC = "turnlog.session.Created.v1"
 
-    class SessionStarted(Created):
+    class Started(Created):
+        # The topic keeps the class's former name: streams already stored load unchanged.
         TOPIC = "turnlog.session.SessionStarted.v1"
         title: str
         system_prompt: str
@@ -200,7 +201,7 @@ class Session(Aggregate):
         if deadline_seconds is not None:
             check_deadline(deadline_seconds)
         return cls._create(
-            cls.SessionStarted,
+            cls.Started,
             id=session_id or uuid4(),
             title=title,
             system_prompt=system_prompt,
@@ -806,7 +807,7 @@ class Session(Aggregate):
         self._require_no_open_turn()
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         check_storable((reason, actor), "the reason")
-        self.trigger_event(self.SessionClosed, reason=reason, actor=actor)
+        self.trigger_event(self.Closed, reason=reason, actor=actor)
 
     # ------------------------------------------------------------------ probes
 
@@ -1287,7 +1288,8 @@ class Session(Aggregate):
                     {**s.compaction, "turn_id": self.turn_id, "produced_by": self.produced_by}
                 )
 
-    class SessionClosed(Event):
+    class Closed(Event):
+        # The topic keeps the class's former name: streams already stored load unchanged.
         TOPIC = "turnlog.session.SessionClosed.v1"
         reason: str
         actor: str
@@ -1371,7 +1373,7 @@ def replay_turns(session_id: UUID, events: Iterable[Any]) -> Session:
     retaining(scratch)
     known: set[str] = set()
     for event in events:
-        if isinstance(event, Session.SessionStarted):
+        if isinstance(event, Session.Started):
             continue
         turn_id = getattr(event, "turn_id", None)
         if isinstance(event, Session.TurnSubmitted):

@@ -107,7 +107,7 @@ class SessionsProjection(Projection[ReadModelView]):
             _advance(rows, domain_event, tracking)
 
     @process_event.register
-    def _(self, event: Session.SessionStarted, tracking: Tracking) -> None:
+    def _(self, event: Session.Started, tracking: Tracking) -> None:
         with self.view.change(event, tracking) as rows:
             rows.put(
                 {
@@ -200,7 +200,7 @@ class SessionsProjection(Projection[ReadModelView]):
             _advance_turn(rows, event, tracking, TurnState.RUNNING)
 
     @process_event.register
-    def _(self, event: Session.SessionClosed, tracking: Tracking) -> None:
+    def _(self, event: Session.Closed, tracking: Tracking) -> None:
         with self.view.change(event, tracking) as rows:
             _advance(rows, event, tracking, closed=True)
 

@@ -86,5 +86,5 @@ def test_sessions_stored_before_the_choice_was_recorded_still_offer_every_tool()
     chosen = Session.start(tools=[], tools_chosen=True)
     assert not chosen.allows_tool("echo")
     payload = {k: v for k, v in chosen.collect_events()[0].__dict__.items() if k != "tools_chosen"}
-    replayed = Session.SessionStarted(**payload).mutate(None)
+    replayed = Session.Started(**payload).mutate(None)
     assert replayed is not None and replayed.allows_tool("echo")

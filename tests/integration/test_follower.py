@@ -40,7 +40,7 @@ def test_one_commit_is_read_from_the_log_once_per_process(parts: Parts) -> None:
 
     assert read.wait_for(written.position, timeout=scaled(10))
     poll(lambda: told, 10, "the follower to hand the event over")
-    assert told == [Session.SessionStarted.TOPIC]
+    assert told == [Session.Started.TOPIC]
     assert follower.rows_read == rows + 1  # read once, by the follower
     assert supervisor.own_reads() == own  # the read models folded the follower's page
     [row], _ = read.list_sessions(limit=1)

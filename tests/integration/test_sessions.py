@@ -58,9 +58,9 @@ def test_a_concurrent_save_is_detected_retried_once_then_surfaces_as_a_conflict(
         calls += 1
         # Another process writes to the same stream between our load and our save.
         other.sessions.update(
-            s.id, lambda o: o.trigger_event(o.SessionClosed, reason=f"other {calls}", actor="x")
+            s.id, lambda o: o.trigger_event(o.Closed, reason=f"other {calls}", actor="x")
         )
-        s.trigger_event(s.SessionClosed, reason="ours", actor="test")
+        s.trigger_event(s.Closed, reason="ours", actor="test")
 
     try:
         with pytest.raises(ConcurrentModification):

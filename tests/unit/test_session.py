@@ -46,7 +46,7 @@ def test_starting_a_session_records_its_settings() -> None:
     )
 
     [started] = recorded(session)
-    assert type(started) is Session.SessionStarted
+    assert type(started) is Session.Started
     assert (started.title, started.system_prompt, started.provider, started.model) == (
         "demo",
         "Be brief.",
@@ -73,7 +73,7 @@ def test_every_stored_class_has_an_explicit_versioned_topic() -> None:
     topics = [get_topic(cls) for cls in classes]
 
     assert {c.__name__ for c in classes} >= {
-        "SessionStarted",
+        "Started",
         "TurnSubmitted",
         "TurnClaimed",
         "ModelReplied",
@@ -85,7 +85,7 @@ def test_every_stored_class_has_an_explicit_versioned_topic() -> None:
         "TurnInterrupted",
         "ToolCallResolved",
         "TurnAbandoned",
-        "SessionClosed",
+        "Closed",
         "Snapshot",
     }
     assert len(set(topics)) == len(topics)
@@ -1019,7 +1019,7 @@ def test_closing_a_session_records_reason_and_actor() -> None:
     session.close(reason="done", actor=OPERATOR)
 
     [closed] = recorded(session)
-    assert type(closed) is Session.SessionClosed
+    assert type(closed) is Session.Closed
     assert (closed.reason, closed.actor) == ("done", OPERATOR)
     assert (session.closed, session.close_reason, session.status) == (True, "done", "closed")
 

@@ -10,7 +10,10 @@ registered to the same class, so the events already stored still decode.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+from pathlib import Path
 from typing import Any, cast
 from uuid import uuid4
 
@@ -20,6 +23,9 @@ from eventsourcing.persistence import StoredEvent
 from eventsourcing.utils import register_topic, resolve_topic
 
 from turnlog.domain.session import Session
+
+# Rows stored by an earlier version of turnlog (tests/integration/test_long_sessions.py).
+OLD_STREAM = Path(__file__).resolve().parents[1] / "fixtures" / "old_shape_session.json"
 
 
 class Note(Aggregate):
@@ -119,7 +125,48 @@ def test_every_stored_topic_of_a_session_is_explicit_and_versioned() -> None:
         and name != "Event"  # the base class, never stored
     }
     topics["Session"] = Session.TOPIC
-    assert {"Created", "SessionStarted", "TurnSubmitted", "Snapshot"} <= set(topics)
+    assert {"Created", "Started", "TurnSubmitted", "Snapshot"} <= set(topics)
     for name, topic in topics.items():
         assert topic and re.fullmatch(r"turnlog\.session\.\w+\.v\d+", topic), (name, topic)
         assert resolve_topic(topic) is (Session if name == "Session" else vars(Session)[name])
+
+
+def test_a_renamed_event_class_reads_and_writes_the_topic_of_its_former_name() -> None:
+    """``Session.Started`` and ``Session.Closed`` were ``SessionStarted`` and ``SessionClosed``.
+
+    The topics keep the former names: a stream stored before the rename loads
+    into the renamed classes, and new events are stored as before.
+    """
+    app: Application[Any] = Application()
+    old = json.loads(OLD_STREAM.read_text())
+    version, topic, state = old["sessions_events"][0]  # stored by the earlier code
+    assert topic == "turnlog.session.SessionStarted.v1"
+    session_id = uuid4()
+    old_closed = {"timestamp": Session.Closed.create_timestamp(), "reason": "old", "actor": "ana"}
+    app.recorder.insert_events(
+        [
+            StoredEvent(session_id, version, topic, base64.b64decode(state)),
+            StoredEvent(
+                session_id,
+                version + 1,
+                "turnlog.session.SessionClosed.v1",
+                app.mapper.transcoder.encode(old_closed),
+            ),
+        ]
+    )
+
+    stored = list(app.recorder.select_events(session_id))
+    assert [type(app.mapper.to_domain_event(s)) for s in stored] == [
+        Session.Started,
+        Session.Closed,
+    ]
+    replayed = cast(Session, app.repository.get(session_id))
+    assert (replayed.title, replayed.closed, replayed.close_reason) == ("old shape", True, "old")
+
+    new = Session.start(title="new")
+    new.close("done", "ana")
+    app.save(new)
+    assert [s.topic for s in app.recorder.select_events(new.id)] == [
+        "turnlog.session.SessionStarted.v1",
+        "turnlog.session.SessionClosed.v1",
+    ]
