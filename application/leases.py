@@ -17,6 +17,11 @@ still its own (``Lease.guard``: the claim number in the session is still the
 owner's). Still its own: the owner carries on and records its result.
 Someone else's lock, or someone else's claim meanwhile: the lease is lost for
 good, and the owner stops without writing (``check`` raises ``LeaseLost``).
+
+**Connections are kept.** A process takes its leases through one ``Leases``
+pool: a released lease unlocks and leaves its connection idle for the next
+one, so taking a lease costs one statement, not a new server connection. An
+idle connection that died meanwhile is replaced on the spot.
 """
 
 from __future__ import annotations
@@ -63,10 +68,16 @@ class Lease:
     """An advisory lock on one session, held on a dedicated connection, taken back if dropped."""
 
     def __init__(
-        self, conn: psycopg.Connection[Any], namespace: str, session_id: UUID, db: Database
+        self,
+        conn: psycopg.Connection[Any],
+        namespace: str,
+        session_id: UUID,
+        db: Database,
+        pool: Leases | None = None,
     ) -> None:
         self._conn = conn
         self._db = db
+        self._pool = pool
         self.namespace = namespace
         self.session_id = session_id
         self.key = session_lock_key(namespace, session_id)
@@ -76,17 +87,6 @@ class Lease:
         self._unverified = False  # taken back, the owner not yet asked whether it is still its
         self._still_ours: Callable[[], bool] | None = None
         _keeper.watch(self)
-
-    @classmethod
-    def try_acquire(cls, db: Database, namespace: str, session_id: UUID) -> Lease | None:
-        """Take the lease if nobody holds it; None when a live owner has it."""
-        conn = connect(db)
-        key = session_lock_key(namespace, session_id)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-        if row is None or not row[0]:
-            conn.close()
-            return None
-        return cls(conn, namespace, session_id, db)
 
     def guard(self, still_ours: Callable[[], bool] | None) -> None:
         """Ask ``still_ours`` (the owner: is the turn's claim still mine?) after a retake."""
@@ -116,12 +116,18 @@ class Lease:
         _keeper.forget(self)
         with self._lock:
             self._lost = self._lost or "released"
+            unlocked = False
             try:
                 if not self._conn.closed:
-                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+                    row = self._conn.execute(
+                        "SELECT pg_advisory_unlock(%s)", (self.key,)
+                    ).fetchone()
+                    unlocked = bool(row and row[0])
             except psycopg.Error:
                 pass
-            finally:
+            if unlocked and self._pool is not None:
+                self._pool.put_back(self._conn)  # unlocked: clean for the next lease
+            else:
                 self._conn.close()
 
     def __enter__(self) -> Lease:
@@ -237,6 +243,67 @@ def _has_input(conn: psycopg.Connection[Any]) -> bool:
     except (psycopg.Error, OSError, ValueError):
         return True
     return bool(poller.poll(0))
+
+
+class Leases:
+    """How a process takes leases: on connections kept between leases (``keep`` idle at most)."""
+
+    def __init__(self, db: Database, namespace: str, keep: int = 8) -> None:
+        self.db = db
+        self.namespace = namespace
+        self.keep = keep
+        self.opened = 0  # connections opened for leases (a figure for tests and benchmarks)
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def try_acquire(self, session_id: UUID) -> Lease | None:
+        """Take the session's lease if nobody holds it; None when a live owner has it."""
+        key = session_lock_key(self.namespace, session_id)
+        conn = self._take_idle()
+        if conn is not None:
+            try:
+                return self._lock_on(conn, key, session_id)
+            except psycopg.Error:  # it died while idle (server restart, reaper): a new one
+                conn.close()
+        conn = connect(self.db)
+        with self._lock:
+            self.opened += 1
+        return self._lock_on(conn, key, session_id)
+
+    def _lock_on(self, conn: psycopg.Connection[Any], key: int, session_id: UUID) -> Lease | None:
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if row is None or not row[0]:
+            self.put_back(conn)
+            return None
+        return Lease(conn, self.namespace, session_id, self.db, pool=self)
+
+    def _take_idle(self) -> psycopg.Connection[Any] | None:
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return None
+
+    def put_back(self, conn: psycopg.Connection[Any]) -> None:
+        """Keep a connection that holds no lock for the next lease (or close it)."""
+        healthy = (
+            not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        with self._lock:
+            if healthy and not self._closed and len(self._idle) < self.keep:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (leases still held close theirs on release)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
 
 class _Keeper:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
@@ -16,7 +17,7 @@ from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import Database
 from turnlog.application.errors import InvalidToolArguments, LeaseLost
 from turnlog.application.execution import Executor
-from turnlog.application.leases import Lease
+from turnlog.application.leases import Lease, Leases
 from turnlog.application.observer import cancel_kind
 from turnlog.application.probes import prober_of
 from turnlog.application.recovery import Decision, Verdict, decide
@@ -47,6 +48,10 @@ class Runtime:
     db: Database
     sessions: Sessions
     executor: Executor
+    leases: Leases = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.leases = Leases(self.db, self.settings.namespace)
 
     def send(self, session_id: UUID, message: str, idempotency_key: str = "") -> Sent:
         """Submit a message and run its turn here, after recovering an orphaned turn.
@@ -56,24 +61,70 @@ class Runtime:
         previous owner died, its turn is recovered before anything new starts.
         """
         self.sessions.get_session(session_id)  # not found → refused before any lock
-        lease = Lease.try_acquire(self.db, self.settings.namespace, session_id)
+        lease = self.leases.try_acquire(session_id)
         if lease is None:
             submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
             return Sent(
                 submitted, self.sessions.turn_record(session_id, submitted.turn_id)[1], None
             )
         with lease:
-            recovered = self.recover(session_id, lease)
+            recovered = self.drive(session_id, lease)
             submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
+            self.drive(session_id, lease)
             turn = self.sessions.turn_record(session_id, submitted.turn_id)[1]
-            if submitted.created or turn.state.is_open:
-                turn = self.executor.run_turn(session_id, submitted.turn_id, lease)
-            return Sent(submitted, turn, recovered)
+            return Sent(submitted, turn, recovered[0] if recovered else None)
+
+    def drive(
+        self,
+        session_id: UUID,
+        lease: Lease | None = None,
+        stop: threading.Event | None = None,
+        told: Callable[[Verdict], None] | None = None,
+    ) -> list[Verdict] | None:
+        """The one driver of a session's turns (the worker, ``send``, ``check --apply`` …).
+
+        Takes the session's lease unless one is given, then recovers or runs
+        the open turn, and each turn queued behind it, until none is open or
+        one is left for an operator. Returns what recovery decided, turn by
+        turn (each also to ``told``); None when a live owner holds the lease.
+        """
+        if lease is None:
+            lease = self.leases.try_acquire(session_id)
+            if lease is None:
+                return None
+            with lease:
+                return self._drive(session_id, lease, stop, told)
+        return self._drive(session_id, lease, stop, told)
+
+    def _drive(
+        self,
+        session_id: UUID,
+        lease: Lease,
+        stop: threading.Event | None,
+        told: Callable[[Verdict], None] | None,
+    ) -> list[Verdict]:
+        verdicts: list[Verdict] = []
+        while stop is None or not stop.is_set():
+            verdict = self.recover(session_id, lease, stop)
+            if verdict is None:
+                break
+            verdicts.append(verdict)
+            if told is not None:
+                told(verdict)
+            if verdict.decision is Decision.INTERRUPT or verdict.decision.startswith("leave"):
+                break  # left for an operator
+            # The turn ended; go on only if another one is open (queued behind it).
+            if self.sessions.get_session(session_id).open_turn is None:
+                break
+        return verdicts
 
     def recover(
         self, session_id: UUID, lease: Lease, stop: threading.Event | None = None
     ) -> Verdict | None:
-        """Act on the session's open turn, whose owner is gone since we hold the lease."""
+        """Act once on the session's open turn, whose owner is gone since we hold the lease.
+
+        Called by ``drive``, which loops over the turns a session has open.
+        """
         session = self.sessions.get_session(session_id)
         turn = session.open_turn
         if turn is None:
@@ -116,13 +167,12 @@ class Runtime:
         tools = self.executor.tools
         return frozenset(n for n in tools.names() if prober_of(tools.get(n)) is not None)
 
-    def continue_session(self, session_id: UUID) -> Verdict | None:
+    def continue_session(self, session_id: UUID) -> list[Verdict]:
         """Take the lease and recover or resume whatever turn is open (after a resolve)."""
-        lease = Lease.try_acquire(self.db, self.settings.namespace, session_id)
-        if lease is None:
+        verdicts = self.drive(session_id)
+        if verdicts is None:
             raise LeaseLost(f"session {session_id} is owned by a live process")
-        with lease:
-            return self.recover(session_id, lease)
+        return verdicts
 
     def abandon_turn(self, session_id: UUID, turn_id: str, reason: str, actor: str) -> Written:
         return self.sessions.abandon_turn(session_id, turn_id, reason, actor)
@@ -190,4 +240,5 @@ class Runtime:
 
     def close(self) -> None:
         self.executor.providers.close()
+        self.leases.close()
         self.sessions.close()

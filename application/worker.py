@@ -347,7 +347,7 @@ class Worker:
             if time.monotonic() < self._benched.get(key, (0, 0.0))[1]:
                 return
         session_id = UUID(key)
-        lease = Lease.try_acquire(self.runtime.db, self.runtime.settings.namespace, session_id)
+        lease = self.runtime.leases.try_acquire(session_id)
         if lease is None:
             return  # a live owner holds it
         with self._lock:
@@ -361,23 +361,19 @@ class Worker:
             self._own_bound(session_id, lease)
 
     def _own_bound(self, session_id: UUID, lease: Lease) -> None:
+        def told(verdict: Verdict) -> None:
+            self._unbench(str(session_id))  # it went through: no pause next time
+            if verdict.decision in RECOVERIES:
+                log.info(
+                    "recovery done: turn %s %s",
+                    verdict.turn_id,
+                    DONE[verdict.decision],
+                    extra=verdict.as_dict(),
+                )
+
         try:
-            while not self._stop.is_set():
-                verdict = self.runtime.recover(session_id, lease, stop=self._stop)
-                self._unbench(str(session_id))  # it went through: no pause next time
-                if verdict is not None and verdict.decision in RECOVERIES:
-                    log.info(
-                        "recovery done: turn %s %s",
-                        verdict.turn_id,
-                        DONE[verdict.decision],
-                        extra=verdict.as_dict(),
-                    )
-                if verdict is None or verdict.decision.startswith("leave"):
-                    return
-                # The turn ended (or was interrupted); loop in case another one queued
-                # behind it, but only if the session still has an open turn.
-                if self.runtime.sessions.get_session(session_id).open_turn is None:
-                    return
+            self.runtime.drive(session_id, lease, stop=self._stop, told=told)
+            self._unbench(str(session_id))
         except (LeaseLost, Stopping) as exc:
             log.warning("stopped working on session: %s", exc)
         except (DomainError, ApplicationError) as exc:

@@ -1,21 +1,31 @@
-"""The composition root: the one place that knows every concrete class.
+"""The composition root: the one place that builds a process's parts.
 
-``build_runtime(settings)`` finds the database, prepares the namespace under
-the bootstrap lock (schema, then the application's tables), and wires the
-application with its providers and tools.
+``build_process(settings, role)`` is how every process is put together —
+``serve`` (each role), ``worker``, ``projections run``, ``check`` and the
+one-shot CLI commands. ``Process.start()`` finds the database, prepares the
+namespace under the bootstrap lock (schema, then the application's tables),
+wires the runtime with its providers and tools, and adds what the role runs:
+the process's one log follower, its read models, the projection runners and
+the worker. ``stop()`` takes them down in reverse order.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from turnlog.application import database
 from turnlog.application.command_tools import add_declared_tools, read_tools_file, shell_tool
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution import Executor
+from turnlog.application.follower import LogFollower
+from turnlog.application.log_context import bound
 from turnlog.application.mcp_tools import add_mcp_tools
+from turnlog.application.observer import Observer
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
 from turnlog.application.processes import unsupported_reason
 from turnlog.application.providers import FixtureProvider, ProviderRegistry
@@ -24,6 +34,11 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings, split_names
 from turnlog.application.tools import ToolRegistry, builtin_tools
+from turnlog.application.worker import OpenTurnRef, Worker
+from turnlog.interface.roles import Role
+from turnlog.projections import ProjectionSupervisor, ReadModels
+
+log = logging.getLogger("turnlog.serve")
 
 
 def worker_id() -> str:
@@ -105,7 +120,7 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    """Everything a turnlog process needs, built once at start-up."""
+    """The application with its database, tools and providers (``Process.start`` calls it)."""
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
     providers = build_providers(settings, tools)
     db = database.locate(settings)
@@ -122,3 +137,164 @@ def build_runtime(settings: Settings) -> Runtime:
         approval_tools=approval_tools(settings, tools),
     )
     return Runtime(settings=settings, db=db, sessions=sessions, executor=executor)
+
+
+class OpenTurnsSource:
+    """The worker's slow source of work: the open-turns read model, paged."""
+
+    def __init__(self, read_models: ReadModels) -> None:
+        self.read_models = read_models
+
+    def catch_up(self, timeout: float) -> bool:
+        head = self.read_models.events.head()
+        return self.read_models.wait_for(head, timeout, names=["open_turns"])
+
+    def open_turns(self, limit: int) -> Sequence[OpenTurnRef]:
+        refs: list[OpenTurnRef] = []
+        cursor = None
+        while len(refs) < limit:
+            rows, cursor = self.read_models.list_open_turns(
+                None, min(limit - len(refs), 500), cursor
+            )
+            refs += [
+                OpenTurnRef(str(r["session_id"]), str(r["turn_id"]), str(r["state"])) for r in rows
+            ]
+            if not cursor:
+                break
+        return refs
+
+
+@dataclass
+class Process:
+    """The parts of one turnlog process; built only by ``build_process``.
+
+    ``role`` is what the process runs: a ``serve`` role, or ``None`` for a
+    one-shot command (the runtime and, when asked, the read models).
+    """
+
+    settings: Settings
+    role: Role | None
+    worker_concurrency: int = 4
+    only: Sequence[str] | None = None  # the read models a projections process runs (all)
+    batch_size: int = 500
+    poll_interval: float = 0.5
+    # Told about every model call, tool call and turn this process runs (metrics).
+    observer: Observer | None = None
+    runtime: Runtime | None = None
+    read_models: ReadModels | None = None
+    # The one LISTEN connection of the process, and its one reader of the log's tail.
+    follower: LogFollower | None = None
+    supervisor: ProjectionSupervisor | None = None
+    worker: Worker | None = None
+
+    def start(self) -> Process:
+        """Build and start what the role needs; blocking. Raises when the database is down."""
+        if self.runtime is not None:
+            return self
+        self.runtime = build_runtime(self.settings)
+        try:
+            self._start_rest(self.runtime)
+        except BaseException:
+            self.stop(drain_timeout=0)
+            raise
+        return self
+
+    def _start_rest(self, runtime: Runtime) -> None:
+        if self.observer is not None:
+            runtime.executor.observer = self.observer
+        role = self.role
+        if role is None:
+            return  # a one-shot command: read models on first use (``reads``)
+        self.follower = LogFollower(runtime.sessions, runtime.db)
+        self.follower.start()
+        reads = self.reads()
+        if role.runs_projections:
+            self.supervisor = ProjectionSupervisor(
+                self.settings,
+                runtime.db,
+                self.only,
+                sessions=runtime.sessions,
+                batch_size=self.batch_size,
+                poll_interval=self.poll_interval,
+                follower=self.follower,
+            )
+            self.supervisor.start()
+        if role.runs_worker:
+            self.worker = Worker(
+                runtime,
+                OpenTurnsSource(reads),
+                self.worker_concurrency,
+                follower=self.follower,
+            )
+            summary = self.worker.start()
+            with bound(worker_id=self.worker.worker_id):
+                log.info("worker %s started: %s", self.worker.worker_id, summary)
+
+    def reads(self) -> ReadModels:
+        """The read models (made on first use); they share the runtime's connection pool."""
+        if self.runtime is None:
+            raise RuntimeError("the process is not started")
+        if self.read_models is None:
+            runtime = self.runtime
+            self.read_models = ReadModels(runtime.db, self.settings, sessions=runtime.sessions)
+        return self.read_models
+
+    def stop(self, drain_timeout: float = 30.0) -> None:
+        """Stop in reverse order: worker (drained), projections, follower, then the runtime."""
+        if self.worker is not None:
+            if not self.worker.stop(drain_timeout=drain_timeout):
+                log.warning("a turn was still busy after %.0fs; left for recovery", drain_timeout)
+            self.worker = None
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+        self.read_models = None
+        if self.runtime is not None:
+            self.runtime.close()
+            self.runtime = None
+
+    def checks(self) -> dict[str, bool]:
+        """What /readyz reports besides the database."""
+        checks = {"started": self.runtime is not None}
+        if self.role is not None and self.role.runs_projections:
+            checks["projections"] = _running(self.supervisor)
+        if self.role is not None and self.role.runs_worker:
+            checks["worker"] = self.worker is not None
+        return checks
+
+
+def _running(supervisor: ProjectionSupervisor | None) -> bool:
+    """Every runner of this process is leading or standing by (none is failing)."""
+    if supervisor is None:
+        return False
+    runners = supervisor.runners()
+    return bool(runners) and all(r["state"] in ("active", "standby") for r in runners)
+
+
+def build_process(
+    settings: Settings,
+    role: Role | str | None,
+    *,
+    worker_concurrency: int = 4,
+    only: Sequence[str] | None = None,
+    batch_size: int = 500,
+    poll_interval: float = 0.5,
+) -> Process:
+    """The one way a process is put together: nothing is opened until ``start()``.
+
+    ``role`` None is a one-shot command: the runtime, and the read models
+    on first use. A serve role adds the follower and the read
+    models, and then the projection runners (``only`` some of them) and the
+    worker as the role runs them.
+    """
+    return Process(
+        settings,
+        None if role is None else Role(role),
+        worker_concurrency=worker_concurrency,
+        only=only,
+        batch_size=batch_size,
+        poll_interval=poll_interval,
+    )

@@ -26,7 +26,7 @@ from turnlog.application.settings import Settings, split_names
 from turnlog.application.tools import default_tools
 from turnlog.application.views import describe_request, describe_session_summary, describe_turn
 from turnlog.interface import cli_work
-from turnlog.interface.bootstrap import build_runtime
+from turnlog.interface.bootstrap import Process, build_process
 from turnlog.interface.cli_read import audit, projections_app
 from turnlog.interface.cli_sandboxes import sandboxes_app
 from turnlog.interface.cli_tools import tools_app
@@ -62,11 +62,11 @@ app.command("workers")(cli_work.workers)
 
 @dataclass
 class Context:
-    """Settings overrides from the global flags; the runtime is built on first use."""
+    """Settings overrides from the global flags; the command's process is built on first use."""
 
     overrides: dict[str, Any] = field(default_factory=dict)
     _settings: Settings | None = None
-    _runtime: Runtime | None = None
+    _process: Process | None = None
 
     def settings(self) -> Settings:
         if self._settings is None:
@@ -76,17 +76,23 @@ class Context:
                 fail(2, "invalid settings: " + "; ".join(e["msg"] for e in exc.errors()))
         return self._settings
 
-    def runtime(self) -> Runtime:
-        if self._runtime is None:
+    def process(self) -> Process:
+        """The one-shot command's process (runtime; read models on first use), started."""
+        if self._process is None:
             try:
-                self._runtime = build_runtime(self.settings())
+                self._process = build_process(self.settings(), None).start()
             except ConfigurationError as exc:
                 fail(2, f"invalid configuration: {exc.detail}")
-        return self._runtime
+        return self._process
+
+    def runtime(self) -> Runtime:
+        runtime = self.process().runtime
+        assert runtime is not None
+        return runtime
 
     def close(self) -> None:
-        if self._runtime is not None:
-            self._runtime.close()
+        if self._process is not None:
+            self._process.stop()
 
 
 def ctx_of(ctx: typer.Context) -> Context:

@@ -31,6 +31,8 @@ from rich.text import Text
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import Process, build_process
+from turnlog.interface.roles import Role
 from turnlog.interface.terminal import (
     err,
     fail,
@@ -40,7 +42,7 @@ from turnlog.interface.terminal import (
     refusals,
     stop_on_signals,
 )
-from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
+from turnlog.projections import ReadModels, read_models
 from turnlog.projections import audit as audits
 from turnlog.projections.rebuild import rebuild, verify
 from turnlog.projections.status import describe_horizon
@@ -61,6 +63,8 @@ class _Root(Protocol):
 
     def runtime(self) -> Runtime: ...
 
+    def process(self) -> Process: ...
+
 
 def _root(ctx: typer.Context) -> _Root:
     obj: _Root = ctx.find_root().obj
@@ -69,12 +73,10 @@ def _root(ctx: typer.Context) -> _Root:
 
 def _with_read_models(ctx: typer.Context, action: Callable[[Runtime, ReadModels], T]) -> T:
     with refusals():
-        rt = _root(ctx).runtime()
-        models = ReadModels(rt.db, rt.settings, sessions=rt.sessions)
-        try:
-            return action(rt, models)
-        finally:
-            models.close()
+        process = _root(ctx).process()
+        models = process.reads()
+        assert process.runtime is not None
+        return action(process.runtime, models)
 
 
 NameArgument = Annotated[
@@ -98,43 +100,29 @@ def projections_run(
     metrics_host: Annotated[str, typer.Option(help="Address for --metrics-port.")] = "127.0.0.1",
 ) -> None:
     """Keep the read models up to date until SIGTERM or SIGINT (hot standby if another runs)."""
-    from turnlog.application.follower import LogFollower
     from turnlog.interface.logs import configure_logging
     from turnlog.interface.metrics import MetricsServer
-    from turnlog.interface.roles import Parts, Role
 
-    configure_logging(_root(ctx).settings())
-    # The parts a `serve --role projections` process has, for the metrics to read.
-    parts = Parts(_root(ctx).settings(), Role.PROJECTIONS)
-    metrics = MetricsServer(parts)
+    settings = _root(ctx).settings()
+    configure_logging(settings)
+    process = build_process(
+        settings, Role.PROJECTIONS, only=only, batch_size=batch_size, poll_interval=poll_interval
+    )
+    metrics = MetricsServer(process)
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
     stop = stop_on_signals()
     with refusals():
-        rt = _root(ctx).runtime()
-        # The process's one reader of the log's tail: without it the runners only poll.
-        follower = LogFollower(rt.sessions, rt.db)
-        follower.start()
-        supervisor = ProjectionSupervisor(
-            rt.settings,
-            rt.db,
-            only,
-            sessions=rt.sessions,
-            batch_size=batch_size,
-            poll_interval=poll_interval,
-            follower=follower,
-        )
-        supervisor.start()
-        parts.runtime, parts.supervisor, parts.follower = rt, supervisor, follower
-        parts.start()  # adds the read models' handle; the runtime stays the command's
-    names = ", ".join(m.name for m in supervisor.models)
-    log.info("running read models %s in namespace %s", names, rt.settings.namespace)
+        process.start()
+    assert process.supervisor is not None
+    names = ", ".join(m.name for m in process.supervisor.models)
+    log.info("running read models %s in namespace %s", names, settings.namespace)
     try:
         while not stop.wait(0.5):
             pass
     finally:
         metrics.stop()
-        parts.stop()  # the runners, then the read models' handle
+        process.stop()
     log.info("stopped")
 
 

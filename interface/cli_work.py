@@ -10,8 +10,9 @@ import typer
 from rich.markup import escape
 
 from turnlog.application.worker import check_open_turns
+from turnlog.interface.bootstrap import OpenTurnsSource, build_process
 from turnlog.interface.metrics import MetricsServer
-from turnlog.interface.roles import OpenTurnsSource, Parts, Role
+from turnlog.interface.roles import Role
 from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
 
 log = logging.getLogger("turnlog.worker")
@@ -37,18 +38,18 @@ def worker(
 
     settings = ctx.find_root().obj.settings()
     configure_logging(settings)
-    parts = Parts(settings, Role.WORKER, worker_concurrency=concurrency)
-    metrics = MetricsServer(parts)
-    parts.observer = metrics.execution
+    process = build_process(settings, Role.WORKER, worker_concurrency=concurrency)
+    metrics = MetricsServer(process)
+    process.observer = metrics.execution
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
     stop = stop_on_signals()
-    parts.start()  # logs "worker … started: <start-up check>"
-    assert parts.worker is not None
+    process.start()  # logs "worker … started: <start-up check>"
+    assert process.worker is not None
     stop.wait()
     log.info("draining (up to %gs)…", drain_timeout)
-    held = parts.worker.held
-    parts.stop(drain_timeout=drain_timeout)
+    held = process.worker.held
+    process.stop(drain_timeout=drain_timeout)
     metrics.stop()
     log.info("worker stopped (%d turn(s) were held)", held)
 
@@ -69,23 +70,19 @@ def check(
     """
     from turnlog.projections.catalog import READ_MODELS
     from turnlog.projections.catch_up import catch_up
-    from turnlog.projections.queries import ReadModels
 
     root: Any = ctx.find_root().obj
     with refusals():
-        runtime = root.runtime()
-        read_models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
-        try:
-            caught = catch_up(
-                read_models.events,
-                runtime.db,
-                runtime.settings.namespace,
-                READ_MODELS["open_turns"],
-                wait,
-            )
-            verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
-        finally:
-            read_models.close()
+        process = root.process()
+        runtime, read_models = process.runtime, process.reads()
+        caught = catch_up(
+            read_models.events,
+            runtime.db,
+            runtime.settings.namespace,
+            READ_MODELS["open_turns"],
+            wait,
+        )
+        verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
     from turnlog.application.recovery import summarize
 
     if as_json and not apply:
@@ -110,18 +107,14 @@ def check(
 def _apply(runtime: Any, verdicts: list[Any]) -> None:
     from uuid import UUID
 
-    from turnlog.application.leases import Lease
-
     for v in verdicts:
         if v.decision.startswith("leave"):
             continue
-        lease = Lease.try_acquire(runtime.db, runtime.settings.namespace, UUID(v.session_id))
-        if lease is None:
+        done = runtime.drive(UUID(v.session_id))
+        if done is None:
             out.print(f"{v.session_id}: owner came back; left alone")
             continue
-        with lease:
-            done = runtime.recover(UUID(v.session_id), lease)
-        out.print(f"{v.session_id}: {done.decision if done else 'nothing open'}")
+        out.print(f"{v.session_id}: {done[0].decision if done else 'nothing open'}")
 
 
 def workers(

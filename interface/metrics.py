@@ -41,7 +41,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from turnlog.interface.roles import Parts
+    from turnlog.interface.bootstrap import Process
 
 log = logging.getLogger("turnlog.metrics")
 
@@ -150,17 +150,17 @@ class ExecutionMetrics:
 class RuntimeCollector(Collector):
     """Scrape-time gauges of what this process holds: pool, worker, projection runners."""
 
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
+    def __init__(self, process: Process) -> None:
+        self.process = process
 
     def describe(self) -> list[Metric]:
         return []  # depends on what runs; never collect at registration
 
     def collect(self) -> Iterator[Metric]:
-        runtime = self.parts.runtime
+        runtime = self.process.runtime
         if runtime is not None:
             yield from pool_metrics(_pool_stats(runtime.sessions), "sessions")
-        worker = self.parts.worker
+        worker = self.process.worker
         if worker is not None:
             held = GaugeMetricFamily("turnlog_worker_turns_held", "Turns this worker owns now.")
             held.add_metric([], worker.held)
@@ -168,8 +168,8 @@ class RuntimeCollector(Collector):
             slots = GaugeMetricFamily("turnlog_worker_concurrency", "Turns it may own at once.")
             slots.add_metric([], worker.concurrency)
             yield slots
-        if self.parts.supervisor is not None:
-            yield from _runner_metrics(self.parts.supervisor.runners())
+        if self.process.supervisor is not None:
+            yield from _runner_metrics(self.process.supervisor.runners())
 
 
 def _pool_stats(sessions: Any) -> dict[str, int]:
@@ -223,14 +223,14 @@ def _runner_metrics(runners: list[dict[str, Any]]) -> Iterable[Metric]:
 class ReadModelCollector(Collector):
     """Scrape-time gauges from the namespace's read models: open turns and lag."""
 
-    def __init__(self, parts: Parts) -> None:
-        self.parts = parts
+    def __init__(self, process: Process) -> None:
+        self.process = process
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        read_models = self.parts.read_models
+        read_models = self.process.read_models
         if read_models is None:
             return
         try:
@@ -287,8 +287,8 @@ def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
     return [events, seconds, horizon_age, holder]
 
 
-def register_process_metrics(registry: CollectorRegistry, parts: Parts) -> ExecutionMetrics:
-    """Add the execution, runtime and read-model metrics of ``parts`` to ``registry``.
+def register_process_metrics(registry: CollectorRegistry, process: Process) -> ExecutionMetrics:
+    """Add the execution, runtime and read-model metrics of ``process`` to ``registry``.
 
     Also the client library's default collectors (``process_*``: CPU, memory,
     open files; ``python_*``: version, garbage collection), which a registry
@@ -297,8 +297,8 @@ def register_process_metrics(registry: CollectorRegistry, parts: Parts) -> Execu
     for default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
         registry.register(default)
     execution = ExecutionMetrics(registry)
-    registry.register(RuntimeCollector(parts))
-    registry.register(ReadModelCollector(parts))
+    registry.register(RuntimeCollector(process))
+    registry.register(ReadModelCollector(process))
     return execution
 
 
@@ -310,9 +310,9 @@ class _Quiet(WSGIRequestHandler):
 class MetricsServer:
     """``/metrics`` (and ``/healthz``) on a port of its own, for processes without the API."""
 
-    def __init__(self, parts: Parts) -> None:
+    def __init__(self, process: Process) -> None:
         self.registry = CollectorRegistry()
-        self.execution = register_process_metrics(self.registry, parts)
+        self.execution = register_process_metrics(self.registry, process)
         self._server: Any = None
 
     def start(self, host: str, port: int) -> int:

@@ -21,7 +21,6 @@ from turnlog.application import database, logorder
 from turnlog.application.database import Database
 from turnlog.application.logorder import LogPage, LogTracking, Place
 from turnlog.application.sessions import Sessions
-from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel
 
 
@@ -95,20 +94,6 @@ class EventLog:
         """The horizon, its age and the server process holding it back (see logorder)."""
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             return logorder.horizon_holder(curs)
-
-    def close(self) -> None:
-        self.sessions.close()
-
-
-def open_log(db: Database, settings: Settings) -> EventLog:
-    """A Sessions application of its own for reading (schema and tables made if missing)."""
-    with database.bootstrap_lock(db) as conn:
-        database.create_schema(conn, settings.namespace)
-        sessions = Sessions(
-            env=database.library_env(db, settings, create_table=True),
-            snapshot_interval=settings.snapshot_interval,
-        )
-    return EventLog(sessions)
 
 
 def create_tables(db: Database, log: EventLog, models: Sequence[ReadModel]) -> None:

@@ -24,7 +24,7 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections import open_turns, sessions_view, tool_calls
 from turnlog.projections.catalog import READ_MODELS, read_models
-from turnlog.projections.log import EventLog, create_tables, open_log
+from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.rows import Key, Row, as_json
 from turnlog.projections.status import projection_status
 
@@ -39,16 +39,14 @@ Page = tuple[list[dict[str, Any]], str | None]
 class ReadModels:
     """The read models of one namespace: lists, read-your-writes waits and status.
 
-    Pass ``sessions`` to share that application's connection pool; otherwise
-    a pool of its own is opened (sizes from settings). Safe to share between
-    threads.
+    They read through the process's ``sessions`` application (its connection
+    pool). Safe to share between threads.
     """
 
-    def __init__(self, db: Database, settings: Settings, *, sessions: Sessions | None = None):
+    def __init__(self, db: Database, settings: Settings, *, sessions: Sessions):
         self.db = db
         self.settings = settings
-        self._owns_log = sessions is None
-        self.events = EventLog(sessions) if sessions is not None else open_log(db, settings)
+        self.events = EventLog(sessions)
         create_tables(db, self.events, read_models())
         datastore = self.events.datastore
         self._sessions = sessions_view.PostgresSessionsView(
@@ -180,10 +178,6 @@ class ReadModels:
     def status(self, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Each read model's position, the log head, lag, and whether a runner holds it."""
         return projection_status(self.events, self.settings.namespace, read_models(names))
-
-    def close(self) -> None:
-        if self._owns_log:
-            self.events.close()
 
 
 def encode_cursor(kind: str, key: Key) -> str:

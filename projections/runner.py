@@ -52,7 +52,7 @@ from turnlog.application.logorder import LogPage, Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel, read_models
-from turnlog.projections.log import EventLog, create_tables, open_log
+from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.view import fold_batch
 
 log = logging.getLogger("turnlog.projections")
@@ -271,7 +271,7 @@ class ProjectionSupervisor:
 
     Connections: one pool for reading the log and writing the views (its
     sizes from ``settings.pool_size`` / ``pool_max_overflow``; shared with
-    ``sessions`` when one is given), plus one dedicated connection per read
+    the process's ``sessions`` application), plus one dedicated connection per read
     model for its lock. New events come from the process's ``follower``;
     without one (or with ``listen=False``) the runners poll the log.
     """
@@ -282,7 +282,7 @@ class ProjectionSupervisor:
         db: Database,
         names: str | Iterable[str] | None = None,
         *,
-        sessions: Sessions | None = None,
+        sessions: Sessions,
         batch_size: int = 500,
         poll_interval: float = 0.5,
         listen: bool = True,
@@ -303,10 +303,7 @@ class ProjectionSupervisor:
         """Prepare the tables and start one runner thread per read model."""
         if self._runners:
             raise RuntimeError("the projection supervisor is already running")
-        if self._sessions is not None:
-            self._events = EventLog(self._sessions)
-        else:
-            self._events = open_log(self.db, self.settings)
+        self._events = EventLog(self._sessions)
         try:
             create_tables(self.db, self._events, self.models)
         except BaseException:
@@ -330,15 +327,13 @@ class ProjectionSupervisor:
             runner.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every runner (each releases its lock) and close what this supervisor opened."""
+        """Stop every runner (each releases its lock and its connection)."""
         self._stopping.set()
         deadline = time.monotonic() + timeout
         for runner in self._runners:
             runner.join(max(0.0, deadline - time.monotonic()))
             runner.close()
         self._runners = []
-        if self._events is not None and self._sessions is None:
-            self._events.close()
         self._events = None
 
     def own_reads(self) -> int:

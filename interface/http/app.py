@@ -1,8 +1,8 @@
 """The FastAPI application factory.
 
-``create_app(settings, runtime=None, role=...)`` wires the routes, the error
-handlers and the middleware; its lifespan starts the process's parts (see
-``interface.roles``) and stops them on shutdown: uvicorn handles SIGTERM by
+``create_app(settings, role=...)`` wires the routes, the error handlers and
+the middleware around a process built by ``interface.bootstrap``; its
+lifespan starts the process and stops it on shutdown: uvicorn handles SIGTERM by
 no longer accepting connections and finishing in-flight requests, then the
 lifespan drains the worker, stops the projection runners and closes pools.
 
@@ -27,9 +27,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
-from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface import console
+from turnlog.interface.bootstrap import build_process
 from turnlog.interface.http import errors
 from turnlog.interface.http.deps import database_fails_fast, known_query_only, require_token
 from turnlog.interface.http.errors import PROBLEM_MEDIA_TYPE
@@ -43,7 +43,7 @@ from turnlog.interface.http.middleware import (
 from turnlog.interface.http.routes import events, listings, ops, sessions, turns
 from turnlog.interface.http.state import AppState, Options
 from turnlog.interface.http.streams import StreamSlots
-from turnlog.interface.roles import Parts, Role
+from turnlog.interface.roles import Role
 
 log = logging.getLogger("turnlog.http")
 
@@ -52,22 +52,21 @@ _DB_DOWN = (DatabaseUnavailable, psycopg.OperationalError, persistence.Operation
 
 def create_app(
     settings: Settings,
-    runtime: Runtime | None = None,
     *,
     role: Role | str = Role.API,
     options: Options | None = None,
     worker_concurrency: int = 4,
 ) -> FastAPI:
-    """The HTTP app of one process. A ``runtime`` passed in stays the caller's to close."""
+    """The HTTP app of one process, which it builds, starts and stops."""
     role = Role(role)
-    parts = Parts(settings, role, runtime=runtime, worker_concurrency=worker_concurrency)
+    process = build_process(settings, role, worker_concurrency=worker_concurrency)
     options = options or Options()
     streams = StreamSlots(options.max_streams)
     state = AppState(
-        parts=parts,
+        process=process,
         options=options,
         streams=streams,
-        metrics=Metrics(parts, streams),
+        metrics=Metrics(process, streams),
     )
     # /docs and /redoc load their scripts and styles from this package's own
     # files (fastapi-offline), not a CDN: the reference works without internet.
@@ -79,7 +78,7 @@ def create_app(
         static_url="/docs-assets",
     )
     app.state.turnlog = state
-    parts.observer = state.metrics.execution
+    process.observer = state.metrics.execution
     errors.install(app)
     # Added last runs first: request id → metrics → token → body limit → routing.
     # The token is checked before any body is read or parsed.
@@ -117,19 +116,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await retry
         state.waits.detach()
         state.waits.wake_all()  # every waiter re-checks and sees the shutdown
-        await run_in_threadpool(state.parts.stop, state.options.drain_timeout)
+        await run_in_threadpool(state.process.stop, state.options.drain_timeout)
 
 
 async def _start(state: AppState) -> bool:
     """Start the parts; False (and remembered) when the database cannot be reached."""
     try:
-        await run_in_threadpool(state.parts.start)
+        await run_in_threadpool(state.process.start)
     except _DB_DOWN as exc:
         state.start_error = exc
         log.warning("database unreachable at start-up, retrying: %s", exc)
         return False
     state.start_error = None
-    follower = state.parts.follower
+    follower = state.process.follower
     assert follower is not None
     state.waits.attach(follower, asyncio.get_running_loop())
     return True

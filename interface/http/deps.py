@@ -35,7 +35,7 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 
 def get_runtime(state: StateDep) -> Runtime:
-    runtime = state.parts.runtime
+    runtime = state.process.runtime
     if runtime is None:
         if isinstance(state.start_error, DatabaseUnavailable):
             raise DatabaseUnavailable(state.start_error.detail)
@@ -64,9 +64,9 @@ HistoryDep = Annotated[History, Depends(get_history)]
 
 def get_read_models(state: StateDep, history: HistoryDep) -> ReadModels:
     # ``history`` is asked for so that it exists for ``caught_up`` (the log's head).
-    if state.parts.read_models is None:
+    if state.process.read_models is None:
         raise NotReady("the read models are not available in this process yet")
-    return state.parts.read_models
+    return state.process.read_models
 
 
 ReadModelsDep = Annotated[ReadModels, Depends(get_read_models)]
@@ -77,7 +77,7 @@ async def require_token(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
     """With TURNLOG_API_TOKEN set, every /v1 route needs ``Authorization: Bearer <token>``."""
-    token = state.parts.settings.api_token
+    token = state.process.settings.api_token
     if token is None:
         return
     given = credentials.credentials if credentials is not None else ""

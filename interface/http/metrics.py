@@ -33,7 +33,7 @@ from turnlog.domain.session import Session
 from turnlog.interface.metrics import register_process_metrics
 
 if TYPE_CHECKING:
-    from turnlog.interface.roles import Parts
+    from turnlog.interface.bootstrap import Process
 
 log = logging.getLogger("turnlog.http")
 
@@ -56,7 +56,7 @@ CALL_OUTCOMES = {
 class Metrics:
     """The registry of one app, with the request metrics and the log-derived collectors."""
 
-    def __init__(self, parts: Parts, streams: Any) -> None:
+    def __init__(self, process: Process, streams: Any) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "turnlog_http_requests",
@@ -70,9 +70,9 @@ class Metrics:
             ["method", "route"],
             registry=self.registry,
         )
-        self.registry.register(_LogCollector(parts, streams))
-        # What this process runs: the executor reports to ``execution`` (see Parts).
-        self.execution = register_process_metrics(self.registry, parts)
+        self.registry.register(_LogCollector(process, streams))
+        # What this process runs: the executor reports to ``execution`` (see interface.bootstrap).
+        self.execution = register_process_metrics(self.registry, process)
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -85,8 +85,8 @@ class Metrics:
 class _LogCollector(Collector):
     """Scrape-time metrics from the log and the read models."""
 
-    def __init__(self, parts: Parts, streams: Any) -> None:
-        self.parts = parts
+    def __init__(self, process: Process, streams: Any) -> None:
+        self.process = process
         self.streams = streams
         self._lock = threading.Lock()
         self._position: Place | None = None  # where to count on from, in the log's order
@@ -103,7 +103,7 @@ class _LogCollector(Collector):
         yield from self._outcomes()
 
     def _outcomes(self) -> Iterable[Metric]:
-        runtime = self.parts.runtime
+        runtime = self.process.runtime
         if runtime is None:
             return []
         with self._lock:

@@ -1,4 +1,4 @@
-"""What the app keeps for its lifetime: the process's parts and the shared helpers."""
+"""What the app keeps for its lifetime: the process and the shared helpers."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from uuid import UUID
 
 from turnlog.application.history import History
+from turnlog.interface.bootstrap import Process
 from turnlog.interface.http.metrics import Metrics
 from turnlog.interface.http.streams import StreamSlots
 from turnlog.interface.http.waits import TurnWaits
-from turnlog.interface.roles import Parts
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Options:
 class AppState:
     """Everything the routes reach through dependencies."""
 
-    parts: Parts
+    process: Process
     options: Options
     streams: StreamSlots
     metrics: Metrics
@@ -44,5 +44,5 @@ class AppState:
 
     def wake_worker(self, session_id: UUID) -> None:
         """Offer the session to this process's worker, which tries it at once."""
-        if self.parts.worker is not None:
-            self.parts.worker.offer(session_id)
+        if self.process.worker is not None:
+            self.process.worker.offer(session_id)

@@ -35,7 +35,7 @@ APPEND = {"path": "out.txt", "text": "written"}
 @pytest.fixture
 def api(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API alone (role ``api``): turns are recorded and stay queued; nothing executes."""
-    app = create_app(settings, runtime, role="api", options=FAST)
+    app = create_app(settings, role="api", options=FAST)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -43,7 +43,7 @@ def api(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
 @pytest.fixture
 def full(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API with a worker and the projection runners in this process (role ``all``)."""
-    app = create_app(settings, runtime, role="all", options=FAST, worker_concurrency=2)
+    app = create_app(settings, role="all", options=FAST, worker_concurrency=2)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -86,8 +86,8 @@ def interrupt_a_turn(runtime: Runtime, session_id: str) -> tuple[str, str]:
         sid,
         lambda s: s.start_tool_call(turn_id, claim, call_id, "gone:1:dead", Effect.SIDE_EFFECTING),
     )
-    verdict = runtime.continue_session(sid)
-    assert verdict is not None and verdict.decision == "interrupt", verdict
+    verdicts = runtime.continue_session(sid)
+    assert [v.decision for v in verdicts] == ["interrupt"], verdicts
     return turn_id, call_id
 
 

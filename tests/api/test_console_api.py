@@ -25,7 +25,7 @@ TITLE = "Quarterly payroll run 4411"
 @pytest.fixture
 def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API with projection runners and no worker: turns stay where a test leaves them."""
-    app = create_app(settings, runtime, role="api", options=FAST)
+    app = create_app(settings, role="api", options=FAST)
     with (
         ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,
@@ -36,7 +36,7 @@ def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
 @pytest.fixture
 def guarded(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     secured = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
-    app = create_app(secured, runtime, role="api", options=FAST)
+    app = create_app(secured, role="api", options=FAST)
     with (
         ProjectionSupervisor(secured, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,

@@ -93,7 +93,7 @@ def frames(response: httpx.Response) -> Iterator[dict[str, Any]]:
 def test_a_live_stream_follows_a_running_turn_and_resumes_with_last_event_id(
     settings: Settings, runtime: Runtime
 ) -> None:
-    app = create_app(settings, runtime, role="api", options=FAST)
+    app = create_app(settings, role="api", options=FAST)
     with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         sid = http.post("/v1/sessions", json={}).json()["session_id"]
         http.post(f"/v1/sessions/{sid}/turns", json={"message": '/tool sleep {"seconds": 0.2}'})
@@ -129,7 +129,7 @@ def test_a_live_stream_follows_a_running_turn_and_resumes_with_last_event_id(
 
 
 def test_an_idle_stream_sends_heartbeats(settings: Settings, runtime: Runtime) -> None:
-    app = create_app(settings, runtime, role="api", options=FAST)
+    app = create_app(settings, role="api", options=FAST)
     with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         sid = http.post("/v1/sessions", json={}).json()["session_id"]
         comments = []
@@ -144,7 +144,7 @@ def test_an_idle_stream_sends_heartbeats(settings: Settings, runtime: Runtime) -
 def test_streams_over_the_limit_are_refused_with_503_until_one_closes(
     settings: Settings, runtime: Runtime
 ) -> None:
-    app = create_app(settings, runtime, role="api", options=replace(FAST, max_streams=1))
+    app = create_app(settings, role="api", options=replace(FAST, max_streams=1))
     with live_server(app) as url, httpx.Client(base_url=url, timeout=10) as http:
         sid = http.post("/v1/sessions", json={}).json()["session_id"]
         events = f"/v1/sessions/{sid}/events"

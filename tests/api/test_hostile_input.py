@@ -32,7 +32,6 @@ from tests.conftest import ROOT, raw_events, turnlog
 from tests.fault.cluster import poll
 from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
-from turnlog.application.leases import Lease
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.domain.turns import Effect
@@ -51,7 +50,7 @@ SQL_TEXT = [
 
 @pytest.fixture
 def url(settings: Settings, runtime: Runtime) -> Iterator[str]:
-    app = create_app(settings, runtime, role="all", options=FAST, worker_concurrency=2)
+    app = create_app(settings, role="all", options=FAST, worker_concurrency=2)
     with live_server(app) as base:
         yield base
 
@@ -63,9 +62,8 @@ def interrupted(url: str, runtime: Runtime, session_id: str) -> tuple[str, str]:
     this test holds the session's lease; whoever takes it next interrupts.
     """
     sid, sessions, dead = UUID(session_id), runtime.sessions, "gone:1:dead"
-    namespace = runtime.settings.namespace
     # The worker lets go of the session a moment after its last turn finished.
-    lease = poll(lambda: Lease.try_acquire(runtime.db, namespace, sid), 10, "the lease")
+    lease = poll(lambda: runtime.leases.try_acquire(sid), 10, "the lease")
     with lease:
         turn_id = sessions.submit_turn(sid, "/tool append_file {}").turn_id
         call_id = f"call_{turn_id[:8]}"

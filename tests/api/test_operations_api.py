@@ -44,7 +44,7 @@ def test_unknown_routes_and_methods_are_problems(api: TestClient) -> None:
 def test_a_bug_is_a_500_problem_logged_with_the_request_id(
     settings: Settings, runtime: Runtime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = create_app(settings, runtime, options=FAST)
+    app = create_app(settings, options=FAST)
 
     def broken() -> None:
         raise RuntimeError("a bug")

@@ -18,7 +18,7 @@ from turnlog.projections import ProjectionSupervisor
 @pytest.fixture
 def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API with projection runners but no worker: turns stay where a test puts them."""
-    app = create_app(settings, runtime, role="api", options=FAST)
+    app = create_app(settings, role="api", options=FAST)
     with (
         ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,
@@ -163,7 +163,7 @@ def test_after_a_resolve_the_in_process_worker_finishes_the_turn(
 ) -> None:
     sid = str(runtime.sessions.create_session(title="blocked").session_id)
     turn_id, call_id = interrupt_a_turn(runtime, sid)  # before any worker runs
-    app = create_app(settings, runtime, role="all", options=FAST)
+    app = create_app(settings, role="all", options=FAST)
     with TestClient(app, raise_server_exceptions=False) as client:
         resolved = client.post(
             f"/v1/sessions/{sid}/tool-calls/{call_id}/resolve",

@@ -20,7 +20,7 @@ TOKEN = "tok-3f9a1c7e-not-in-logs"
 @pytest.fixture
 def guarded(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     secured = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
-    app = create_app(secured, runtime, role="api", options=FAST)
+    app = create_app(secured, role="api", options=FAST)
     with TestClient(app, raise_server_exceptions=False) as client:
         yield client
 
@@ -68,4 +68,4 @@ def test_the_token_never_reaches_logs_or_events(
     assert TOKEN not in caplog.text
     assert TOKEN not in events
     assert TOKEN not in guarded.get("/metrics").text
-    assert TOKEN not in repr(guarded.app.state.turnlog.parts.settings)  # type: ignore[attr-defined]
+    assert TOKEN not in repr(guarded.app.state.turnlog.process.settings)  # type: ignore[attr-defined]

@@ -11,7 +11,8 @@ from psycopg import sql
 from turnlog.application.database import locate
 from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
-from turnlog.projections.log import EventLog, open_log
+from turnlog.interface.bootstrap import open_sessions
+from turnlog.projections.log import EventLog
 
 PROCESSES = 4
 THREADS = 4  # per process: 16 writers
@@ -21,7 +22,7 @@ CYCLES = 3  # turns per session (submit, claim, complete: 3 events each)
 def writer_process(settings_json: str, sessions: list[str], hold_app: str) -> None:
     """THREADS threads, each running CYCLES turns on its share of ``sessions``."""
     settings = Settings.model_validate_json(settings_json)
-    log = open_log(locate(settings), settings)
+    log = EventLog(open_sessions(settings, locate(settings)))
     app = log.sessions
     if hold_app:
         threading.Thread(target=_hold_insert, args=(log, hold_app), daemon=True).start()
@@ -40,7 +41,7 @@ def writer_process(settings_json: str, sessions: list[str], hold_app: str) -> No
         t.start()
     for t in threads:
         t.join()
-    log.close()
+    app.close()
 
 
 def _hold_insert(log: EventLog, app_name: str) -> None:

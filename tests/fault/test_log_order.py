@@ -42,10 +42,11 @@ from turnlog.application.database import Database
 from turnlog.application.logorder import Place
 from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
+from turnlog.interface.bootstrap import open_sessions
 from turnlog.interface.http import create_app
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import log_page
-from turnlog.projections.log import EventLog, open_log
+from turnlog.projections.log import EventLog
 from turnlog.projections.rebuild import verify
 
 pytestmark = pytest.mark.fault
@@ -222,9 +223,11 @@ def wait_until(check: Any, seconds: float, what: str) -> None:
 def test_every_reader_sees_exactly_the_final_log(
     settings: Settings, database: Database, fault: str
 ) -> None:
-    events = open_log(database, settings)
+    events = EventLog(open_sessions(settings, database))
     stop = threading.Event()
-    supervisor = ProjectionSupervisor(settings, database, poll_interval=0.2)
+    supervisor = ProjectionSupervisor(
+        settings, database, sessions=events.sessions, poll_interval=0.2
+    )
     try:
         sessions = [
             str(events.sessions.create_session(title=f"s{i}").session_id) for i in range(SESSIONS)
@@ -285,24 +288,21 @@ def test_every_reader_sees_exactly_the_final_log(
                 )
 
             wait_until(caught_up, DEADLINE, "every reader to reach the final log")
-            read = ReadModels(database, settings)
-            try:
-                head = max(positions)
-                assert read.wait_for(head, DEADLINE), read.status()
-                # The runners' rows are the fold of the whole log, and every
-                # session's row is at its last version.
-                results = verify(read.events, read_models())
-                assert all(r.ok for r in results), [r.differences[:3] for r in results]
-                listed = {str(row["session_id"]): row for row in _all_sessions(read)}
-                for sid, vs in versions.items():
-                    assert listed[str(sid)]["version"] == vs[-1], (sid, listed[str(sid)], vs)
-            finally:
-                read.close()
+            read = ReadModels(database, settings, sessions=events.sessions)
+            head = max(positions)
+            assert read.wait_for(head, DEADLINE), read.status()
+            # The runners' rows are the fold of the whole log, and every
+            # session's row is at its last version.
+            results = verify(read.events, read_models())
+            assert all(r.ok for r in results), [r.differences[:3] for r in results]
+            listed = {str(row["session_id"]): row for row in _all_sessions(read)}
+            for sid, vs in versions.items():
+                assert listed[str(sid)]["version"] == vs[-1], (sid, listed[str(sid)], vs)
             stop.set()
     finally:
         stop.set()
         supervisor.stop()
-        events.close()
+        events.sessions.close()
 
     for name, seen in (("runner loop", loop.seen), ("pager", pager.seen)):
         assert len(seen) == len(final), f"{name}: {len(seen)} events, the log has {len(final)}"

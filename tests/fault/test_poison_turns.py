@@ -32,11 +32,12 @@ class CrashingProvider:
 def test_a_turn_that_crashes_on_every_attempt_is_retried_with_pauses_not_in_a_loop(
     settings: Settings, runtime: Runtime
 ) -> None:
-    runtime.executor.providers = ProviderRegistry(
-        [FixtureProvider(), CrashingProvider()], default="fixture"
-    )
-    app = create_app(settings, runtime, role="all", worker_concurrency=2)
+    app = create_app(settings, role="all", worker_concurrency=2)
     with TestClient(app, raise_server_exceptions=False) as client:
+        served = app.state.turnlog.process.runtime  # the runtime the app's worker runs turns with
+        served.executor.providers = ProviderRegistry(
+            [FixtureProvider(), CrashingProvider()], default="fixture"
+        )
         sid = client.post("/v1/sessions", json={"provider": "crashing"}).json()["session_id"]
         assert client.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"}).status_code == 202
 

@@ -27,7 +27,6 @@ pytestmark = pytest.mark.fault
 def read(runtime: Runtime) -> Iterator[ReadModels]:
     models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
     yield models
-    models.close()
 
 
 @pytest.fixture
@@ -127,7 +126,9 @@ def test_a_standby_runner_takes_over_when_the_active_one_is_killed(
 def test_a_terminated_listen_connection_does_not_stop_the_projection(
     runtime: Runtime, settings: Settings, read: ReadModels
 ) -> None:
-    with ProjectionSupervisor(settings, runtime.db, poll_interval=0.2) as supervisor:
+    with ProjectionSupervisor(
+        settings, runtime.db, sessions=runtime.sessions, poll_interval=0.2
+    ) as supervisor:
         first = runtime.sessions.create_session(title="before")
         assert read.wait_for(first.position, timeout=scaled(5))
 

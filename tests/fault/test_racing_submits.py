@@ -18,7 +18,8 @@ import pytest
 from tests.deadlines import poll
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.interface.roles import Parts, Role
+from turnlog.interface.bootstrap import Process, build_process
+from turnlog.interface.roles import Role
 
 SESSIONS = 200
 WORKERS = 4
@@ -26,21 +27,19 @@ SUBMITTERS = 8
 
 
 @pytest.fixture
-def workers(settings: Settings, runtime: Runtime) -> Iterator[list[Parts]]:
-    started: list[Parts] = []
+def workers(settings: Settings, runtime: Runtime) -> Iterator[list[Process]]:
+    started: list[Process] = []
     try:
         for _ in range(WORKERS):
-            parts = Parts(settings, Role.WORKER, worker_concurrency=4)
-            parts.start()
-            started.append(parts)
+            started.append(build_process(settings, Role.WORKER, worker_concurrency=4).start())
         yield started
     finally:
-        for parts in started:
-            parts.stop(drain_timeout=10)
+        for process in started:
+            process.stop(drain_timeout=10)
 
 
 def test_every_submitted_turn_completes_and_none_stays_queued(
-    runtime: Runtime, workers: list[Parts]
+    runtime: Runtime, workers: list[Process]
 ) -> None:
     sessions = [runtime.sessions.create_session(title=f"r{i}").session_id for i in range(SESSIONS)]
     submitted: dict[UUID, str] = {}

@@ -34,7 +34,7 @@ CREATES = 25
 def api(settings: Settings, runtime: Runtime) -> Iterator[tuple[str, object]]:
     """An API without a worker: submitted turns stay queued, their waiters wait."""
     app = create_app(
-        settings, runtime, role="api", options=dataclasses.replace(FAST, max_waits=WAITERS + 10)
+        settings, role="api", options=dataclasses.replace(FAST, max_waits=WAITERS + 10)
     )
     with live_server(app) as url:
         yield url, app
@@ -108,7 +108,7 @@ def test_600_waiters_keep_a_writer_within_twice_its_rate_without_them(
 def test_waits_past_the_bound_are_refused_before_anything_is_written(
     settings: Settings, runtime: Runtime, database: Database
 ) -> None:
-    app = create_app(settings, runtime, role="api", options=dataclasses.replace(FAST, max_waits=3))
+    app = create_app(settings, role="api", options=dataclasses.replace(FAST, max_waits=3))
     with live_server(app) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
             sessions = [client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(4)]

@@ -9,25 +9,25 @@ from pathlib import Path
 import pytest
 
 from tests.deadlines import poll, scaled
-from turnlog.application.runtime import Runtime
+from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
-from turnlog.interface.roles import Parts, Role
+from turnlog.interface.bootstrap import Process, build_process
+from turnlog.interface.roles import Role
 
 SOURCE = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def parts(runtime: Runtime) -> Iterator[Parts]:
-    parts = Parts(runtime.settings, Role.ALL, runtime=runtime)
-    parts.start()
-    yield parts
-    parts.stop(drain_timeout=5)
+def process(settings: Settings) -> Iterator[Process]:
+    process = build_process(settings, Role.ALL).start()
+    yield process
+    process.stop(drain_timeout=5)
 
 
-def test_one_commit_is_read_from_the_log_once_per_process(parts: Parts) -> None:
-    follower, supervisor, read = parts.follower, parts.supervisor, parts.read_models
+def test_one_commit_is_read_from_the_log_once_per_process(process: Process) -> None:
+    follower, supervisor, read = process.follower, process.supervisor, process.read_models
     assert follower is not None and supervisor is not None and read is not None
-    runtime = parts.runtime
+    runtime = process.runtime
     assert runtime is not None
     warm = runtime.sessions.create_session(title="warm-up")  # runners catch up, then follow
     assert read.wait_for(warm.position, timeout=scaled(10))

@@ -38,10 +38,9 @@ def test_an_older_namespace_is_migrated_without_rewriting_events_and_readers_res
     runtime = build_runtime(settings)
     try:
         old = [runtime.sessions.create_session(title=f"old {i}") for i in range(3)]
-        with ProjectionSupervisor(settings, database, poll_interval=0.1):
-            read = ReadModels(database, settings)
+        with ProjectionSupervisor(settings, database, sessions=runtime.sessions, poll_interval=0.1):
+            read = ReadModels(database, settings, sessions=runtime.sessions)
             assert read.wait_for(old[-1].position, timeout=30)
-            read.close()
     finally:
         runtime.close()
     as_written_by_older_code(database, settings)
@@ -54,25 +53,22 @@ def test_an_older_namespace_is_migrated_without_rewriting_events_and_readers_res
 
     runtime = build_runtime(settings)  # migrates
     try:
-        read = ReadModels(database, settings)
-        try:
-            # Old tracking rows stand for (0, position): nothing to redo, nothing skipped.
-            assert read.positions() == {m.name: old[-1].position for m in read_models()}
-            new = [runtime.sessions.create_session(title=f"new {i}") for i in range(3)]
-            with ProjectionSupervisor(settings, database, poll_interval=0.1):
-                assert read.wait_for(new[-1].position, timeout=30)
-            assert all(r.ok for r in verify(read.events, read_models()))
-            titles = sorted(row["title"] for row in read.list_sessions(limit=50)[0])
-            assert titles == sorted([f"old {i}" for i in range(3)] + [f"new {i}" for i in range(3)])
-            page = log_page(read.events, 0, limit=100)
-            positions = [r.position for r in page]
-            old_positions = [p for p, _ in stored_before]
-            assert positions[: len(old_positions)] == old_positions  # old first, in order
-            assert [r.xact for r in page[: len(old_positions)]] == [0] * len(old_positions)
-            assert all(r.xact > 0 for r in page[len(old_positions) :])
-            assert log_page(read.events, old_positions[-1], 100) == page[len(old_positions) :]
-        finally:
-            read.close()
+        read = ReadModels(database, settings, sessions=runtime.sessions)
+        # Old tracking rows stand for (0, position): nothing to redo, nothing skipped.
+        assert read.positions() == {m.name: old[-1].position for m in read_models()}
+        new = [runtime.sessions.create_session(title=f"new {i}") for i in range(3)]
+        with ProjectionSupervisor(settings, database, sessions=runtime.sessions, poll_interval=0.1):
+            assert read.wait_for(new[-1].position, timeout=30)
+        assert all(r.ok for r in verify(read.events, read_models()))
+        titles = sorted(row["title"] for row in read.list_sessions(limit=50)[0])
+        assert titles == sorted([f"old {i}" for i in range(3)] + [f"new {i}" for i in range(3)])
+        page = log_page(read.events, 0, limit=100)
+        positions = [r.position for r in page]
+        old_positions = [p for p, _ in stored_before]
+        assert positions[: len(old_positions)] == old_positions  # old first, in order
+        assert [r.xact for r in page[: len(old_positions)]] == [0] * len(old_positions)
+        assert all(r.xact > 0 for r in page[len(old_positions) :])
+        assert log_page(read.events, old_positions[-1], 100) == page[len(old_positions) :]
     finally:
         runtime.close()
     with psycopg.connect(database.conninfo, autocommit=True) as conn:

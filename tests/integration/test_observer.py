@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from turnlog.application.leases import Lease
 from turnlog.application.runtime import Runtime
 from turnlog.domain.turns import Effect
 
@@ -68,7 +67,7 @@ def test_recovery_reports_a_takeover_and_an_interrupted_turn(runtime: Runtime) -
     claimed_by_the_dead(runtime, interrupted, "/tool append_file", unsafe_call=True)
 
     for sid in (resumed, interrupted):
-        lease = Lease.try_acquire(runtime.db, runtime.settings.namespace, sid)
+        lease = runtime.leases.try_acquire(sid)
         assert lease is not None
         with lease:
             runtime.recover(sid, lease)

@@ -346,12 +346,12 @@ def test_a_fresh_process_continues_a_killed_turn_sending_the_full_history(
     fresh = build_runtime(settings)  # new objects, new pool: only the events carry over
     try:
         stub.script(reply("Resumed: kept."))
-        verdict = continue_once_released(fresh, session_id)
+        verdicts = continue_once_released(fresh, session_id)
         turn = fresh.sessions.get_record(session_id).turns[-1]
     finally:
         fresh.close()
 
-    assert verdict is not None and verdict.decision is Decision.RESUME
+    assert verdicts[0].decision is Decision.RESUME, verdicts
     assert (turn.state, turn.reply) == ("completed", "Resumed: kept.")
     dead, rebuilt = stub.requests[2], stub.requests[3]
     assert rebuilt.json == dead.json  # the fresh process rebuilt exactly what was sent before

@@ -26,12 +26,13 @@ from turnlog.projections.rebuild import holding_locks, rebuild, verify
 def read(runtime: Runtime) -> Iterator[ReadModels]:
     models = ReadModels(runtime.db, runtime.settings, sessions=runtime.sessions)
     yield models
-    models.close()
 
 
 @pytest.fixture
 def supervisor(runtime: Runtime) -> Iterator[ProjectionSupervisor]:
-    sup = ProjectionSupervisor(runtime.settings, runtime.db, poll_interval=0.2)
+    sup = ProjectionSupervisor(
+        runtime.settings, runtime.db, sessions=runtime.sessions, poll_interval=0.2
+    )
     sup.start()
     yield sup
     sup.stop()
@@ -138,7 +139,9 @@ def test_a_live_runner_reflects_a_new_event_within_a_second(
 def test_runners_catch_up_by_polling_when_no_notification_comes(
     runtime: Runtime, read: ReadModels
 ) -> None:
-    with ProjectionSupervisor(runtime.settings, runtime.db, listen=False, poll_interval=0.2):
+    with ProjectionSupervisor(
+        runtime.settings, runtime.db, sessions=runtime.sessions, listen=False, poll_interval=0.2
+    ):
         written = runtime.sessions.create_session(title="polled")
         assert read.wait_for(written.position, timeout=scaled(2.0))
 
@@ -182,7 +185,9 @@ def test_status_reports_position_lag_and_the_runner_that_holds_each_read_model(
     assert before["sessions"]["lag_seconds"] >= 0
     assert not before["sessions"]["running"]
 
-    with ProjectionSupervisor(runtime.settings, runtime.db, ["sessions"], poll_interval=0.2):
+    with ProjectionSupervisor(
+        runtime.settings, runtime.db, ["sessions"], sessions=runtime.sessions, poll_interval=0.2
+    ):
         assert read.wait_for(written.position, timeout=scaled(5), names=["sessions"])
         now = {s["name"]: s for s in read.status()}
     assert now["sessions"]["lag_events"] == 0 and now["sessions"]["lag_seconds"] == 0.0

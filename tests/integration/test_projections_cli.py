@@ -53,7 +53,6 @@ def test_rebuild_reproduces_the_live_rows_and_verify_reports_a_hand_edit(
     assert verified.returncode == 1
     assert "sessions: 1 difference(s)" in verified.stdout
     assert "column status: live 'busy', expected 'idle'" in verified.stdout
-    read.close()
 
 
 def test_audit_verify_passes_on_a_whole_stream_and_names_a_missing_or_corrupt_event(
@@ -62,7 +61,6 @@ def test_audit_verify_passes_on_a_whole_stream_and_names_a_missing_or_corrupt_ev
     h = scripted_history(runtime)
     read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
     rebuild(read.events, runtime.db, settings.namespace, read_models())
-    read.close()
     done, resolved = h.sessions["done"], h.sessions["resolved"]
 
     healthy = turnlog(settings, "audit", "--verify", str(done))
@@ -131,7 +129,6 @@ def test_audit_verify_says_what_it_could_not_compare_and_strict_fails_on_it(
 
     read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
     rebuild(read.events, runtime.db, settings.namespace, read_models())
-    read.close()
     whole = turnlog(settings, "audit", "--verify", "--strict", str(done))
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "every read model agrees" in whole.stdout and "not compared" not in whole.stdout

@@ -14,7 +14,7 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.worker import Worker
 from turnlog.domain.turns import Effect
-from turnlog.interface.roles import OpenTurnsSource
+from turnlog.interface.bootstrap import OpenTurnsSource
 from turnlog.projections import ReadModels
 from turnlog.projections.catalog import READ_MODELS
 from turnlog.projections.catch_up import catch_up
@@ -69,4 +69,3 @@ def test_start_up_logs_the_decision_then_the_interruption_once_it_is_recorded(
         assert said_interrupted == [], [r.getMessage() for r in said_interrupted]
     finally:
         worker.stop(drain_timeout=5)
-        read_models.close()

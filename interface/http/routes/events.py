@@ -78,7 +78,7 @@ async def session_events(
             options.heartbeat_seconds,
             state.draining,
         )
-        runtime = state.parts.runtime
+        runtime = state.process.runtime
         hub = runtime.executor.deltas if runtime is not None else None
         return EventStreamResponse(with_deltas(stream, hub, session_id), release)
     events = await run_in_threadpool(history.events, session_id, after, limit)

@@ -25,19 +25,19 @@ async def healthz() -> HealthOut:
 def readyz(state: StateDep) -> ReadyOut:
     """Readiness: started, the database answers, and this process's worker and
     projection runners (if its role runs them) are up."""
-    checks = state.parts.checks()
+    checks = state.process.checks()
     checks["database"] = _database_answers(state)
     checks["accepting"] = not state.draining.is_set()
     horizon = _horizon(state) if checks["database"] else None
     if not all(checks.values()):
         failing = ", ".join(k for k, ok in checks.items() if not ok)
         raise NotReady(f"not ready: {failing}", checks=checks, horizon=horizon)
-    return ReadyOut(status="ready", role=str(state.parts.role), checks=checks, horizon=horizon)
+    return ReadyOut(status="ready", role=str(state.process.role), checks=checks, horizon=horizon)
 
 
 def _horizon(state: StateDep) -> dict[str, Any] | None:
     """The commit horizon's age and holder (detail only: a held horizon delays, it is not down)."""
-    read_models = state.parts.read_models
+    read_models = state.process.read_models
     if read_models is None:
         return None
     try:
@@ -48,7 +48,7 @@ def _horizon(state: StateDep) -> dict[str, Any] | None:
 
 
 def _database_answers(state: StateDep) -> bool:
-    runtime = state.parts.runtime
+    runtime = state.process.runtime
     if runtime is None:
         return False
     try:
