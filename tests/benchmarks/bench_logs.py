@@ -22,8 +22,9 @@ from turnlog.application import database
 from turnlog.application.database import Database
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import open_sessions
 from turnlog.projections.catalog import ReadModel, read_models
-from turnlog.projections.log import EventLog, open_log
+from turnlog.projections.log import EventLog
 from turnlog.projections.rebuild import rebuild
 
 # ------------------------------------------------------------------ figure 4
@@ -128,7 +129,7 @@ def figure_5(db: Database, cfg: Config) -> Figure:
     cap = cfg.pick(2_500, 1_000)
     rows, details = [], {}
     with scratch_namespace(db) as settings:
-        events = open_log(db, settings)
+        events = EventLog(open_sessions(settings, db))
         try:
             seeding = time.monotonic()
             saved = bulk_history(events.sessions, size)
@@ -155,7 +156,7 @@ def figure_5(db: Database, cfg: Config) -> Figure:
                     )
                 )
         finally:
-            events.close()
+            events.sessions.close()
     details.update(events=total, saved=saved, seeding_seconds=seeding, baseline_events=cap)
     return Figure(
         5,

@@ -35,8 +35,9 @@ from tests.histories import bulk_history  # noqa: E402
 from turnlog.application import database  # noqa: E402
 from turnlog.application.sessions import Sessions  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.interface.bootstrap import open_sessions  # noqa: E402
 from turnlog.projections.catalog import ReadModel, read_models  # noqa: E402
-from turnlog.projections.log import EventLog, open_log  # noqa: E402
+from turnlog.projections.log import EventLog  # noqa: E402
 from turnlog.projections.rebuild import compare, rebuild  # noqa: E402
 
 TARGET_RATIO = 10.0
@@ -56,7 +57,7 @@ def main() -> int:
     )
     db = database.locate(settings)
     settings = settings.model_copy(update={"database_url": db.conninfo})
-    events = open_log(db, settings)
+    events = EventLog(open_sessions(settings, db))
     try:
         started = time.monotonic()
         saved = bulk_history(events.sessions, args.events)
@@ -64,7 +65,7 @@ def main() -> int:
         print(f"log: {saved} events in {seconds:.1f}s (namespace {settings.namespace})")
         ok = all(measure(model, events, db, settings) for model in read_models(args.models))
     finally:
-        events.close()
+        events.sessions.close()
         drop(db, settings.schema_name)
     return 0 if ok else 1
 

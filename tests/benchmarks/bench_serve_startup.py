@@ -51,7 +51,6 @@ def seed(settings: Settings, count: int) -> None:
         with ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions):
             last = runtime.sessions.recorder.max_notification_id() or 0
             assert head.wait_for(last, 600), "projections did not catch up"
-        head.close()
     finally:
         runtime.close()
 

@@ -31,7 +31,7 @@ from tests.benchmarks.suite import (
 )
 from tests.fault.cluster import Process, poll
 from turnlog.application.database import Database
-from turnlog.projections import ReadModels
+from turnlog.interface.bootstrap import build_process
 from turnlog.projections.catalog import read_models
 
 PROCESSES = 8
@@ -314,12 +314,13 @@ def figure_7(db: Database, cfg: Config) -> Figure:
     turns = cfg.pick(*SESSION_TURNS)
     p50s, p99s, rates, intervals, counts = [], [], [], [], []
     with scratch_namespace(db) as settings:
-        ReadModels(db, settings).close()  # create the tables before the runner and the sampler
+        # The read models' tables exist before the runner and the sampler start.
+        reader = build_process(settings, None).start()
         runner = Process(settings, "projections", "projections", "run")
         try:
-            status = ReadModels(db, settings)
+            status = reader.reads()
             poll(lambda: all(s["running"] for s in status.status()), 60, "projections running")
-            status.close()
+            reader.stop()
             pool = WriterPool(db)
             for _ in range(cfg.repeat):
                 sampler = LagSampler(db, settings.schema_name)
@@ -336,6 +337,7 @@ def figure_7(db: Database, cfg: Config) -> Figure:
             pool.close()
         finally:
             runner.kill()
+            reader.stop()
     p99 = Stat(p99s, "ms")
     return Figure(
         7,
