@@ -112,8 +112,8 @@ class Executor:
         self, session_id: UUID, turn_id: str, lease: LeaseCheck, stop: threading.Event | None
     ) -> Turn:
         lease.check()
-        claim, _, session = self.sessions.update_session(
-            session_id, lambda s: s.claim_turn(turn_id, self.worker_id)
+        (claim, session), _ = self.sessions.update(
+            session_id, lambda s: (s.claim_turn(turn_id, self.worker_id), s)
         )
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
@@ -188,11 +188,12 @@ class Executor:
         if not expired:
             return session
 
-        def cancel(s: Session) -> None:
+        def cancel(s: Session) -> Session:
             for turn_id in expired:
                 s.finish_cancel(turn_id, now)
+            return s
 
-        session = self.sessions.update_session(session.id, cancel, current=session)[2]
+        session = self.sessions.update(session.id, cancel, current=session)[0]
         for turn_id in expired:
             self.observer.turn_ended("cancelled")
             self.observer.turn_cancelled(cancel_kind(reasons[turn_id]))
@@ -333,7 +334,7 @@ class Executor:
         effect = Effect(call.effect) if call.effect else tool.spec.effect
         # What a probe will need if we die mid-call goes into the intent itself.
         pre_state = self._pre_state(tool, session, call_id)
-        attempt, _, session = self._write_result(
+        attempt, session = self._write_result(
             session,
             claim,
             lambda s: s.start_tool_call(
@@ -516,14 +517,17 @@ class Executor:
             return "failed", error_text(exc)
 
     def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
-        return self._write_result(session, claim, decide)[2]
+        return self._write_result(session, claim, decide)[1]
 
     def _write_result(
         self, session: Session, claim: int, decide: Callable[[Session], T]
-    ) -> tuple[T, Any, Session]:
-        """Save a fenced step; a stale claim or a lost race means we no longer own the turn."""
+    ) -> tuple[T, Session]:
+        """Save a fenced step: what ``decide`` returned, and the session, now current.
+
+        A stale claim or a lost race means we no longer own the turn.
+        """
         try:
-            return self.sessions.update_session(session.id, decide, current=session)
+            return self.sessions.update(session.id, lambda s: (decide(s), s), current=session)[0]
         except (domain_errors.StaleClaim, ConcurrentModification) as exc:
             raise LeaseLost(f"turn ownership lost (claim {claim}): {exc}") from None
         except domain_errors.InvalidTransition as exc:

@@ -412,34 +412,23 @@ class Sessions(Application[UUID]):
         current: Session | None = None,
         attempts: int = 2,
     ) -> tuple[T, Written]:
-        """Run ``decide`` on the session and save what it recorded.
+        """Run ``decide`` on the session and save what it recorded; returns what it returned.
 
         On a version conflict the session is reloaded and ``decide`` runs
-        again on fresh state, once.
-        """
-        result, written, _ = self.update_session(session_id, decide, current, attempts)
-        return result, written
-
-    def update_session(
-        self,
-        session_id: UUID,
-        decide: Callable[[Session], T],
-        current: Session | None = None,
-        attempts: int = 2,
-    ) -> tuple[T, Written, Session]:
-        """Like ``update``, and also returns the session object, now current.
-
-        ``current`` is a session object already at the latest version this
-        process knows (the agent loop keeps one between steps): it saves a
-        reload. After a conflict it is discarded, since its state already
-        holds the events that failed to save.
+        again on fresh state (``attempts`` runs in all). ``current`` is a
+        session object already at the latest version this process knows (the
+        agent loop keeps one between steps): it saves a reload. After a
+        conflict it is discarded, since its state already holds the events
+        that failed to save. A caller that goes on with the session object
+        has ``decide`` return it: the object ``decide`` last ran on is the one
+        saved, now current.
         """
         for attempt in range(1, attempts + 1):
             session = current if current is not None else self.get_session(session_id)
             current = None
             result = decide(session)
             if not session.pending_events:
-                return result, Written(session.id, session.version, None), session
+                return result, Written(session.id, session.version, None)
             try:
                 recordings = self.save(session)
             except IntegrityError:
@@ -449,14 +438,8 @@ class Sessions(Application[UUID]):
                     ) from None
                 continue
             position = recordings[-1].notification.id
-            return result, Written(session.id, session.version, position), session
+            return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
-
-    def save_session(self, session: Session) -> Written:
-        """Save pending events of a session object the caller already holds."""
-        recordings = self.save(session)
-        position = recordings[-1].notification.id if recordings else None
-        return Written(session.id, session.version, position)
 
     def session_ids(self, limit: int = 1000) -> Sequence[UUID]:
         """Ids of sessions in order of creation (from the log, for tools and tests)."""

@@ -49,8 +49,8 @@ def settle_by_probe(
 ) -> Settled:
     """Claim the turn, probe the call in flight, record the probe and its consequence."""
     lease.check()
-    claim, _, session = executor.sessions.update_session(
-        session_id, lambda s: s.claim_turn(turn_id, executor.worker_id)
+    (claim, session), _ = executor.sessions.update(
+        session_id, lambda s: (s.claim_turn(turn_id, executor.worker_id), s)
     )
     call = session.call(call_id)
     tool = executor.tools.get(call.name)
