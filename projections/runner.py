@@ -63,6 +63,10 @@ LOCK_CHECK_INTERVAL = 1.0  # during a long catch-up, how often the lock connecti
 MIN_BACKOFF = 0.2
 MAX_BACKOFF = 5.0
 HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minimum backoff
+# How long a runner lets the follower's pages gather before folding them: a
+# turn's six commits, a few milliseconds apart, become one or two batches (one
+# transaction each) instead of six. It bounds the read models' added lag.
+GATHER = 0.015
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
 QUEUED_PAGES = 64  # pages from the follower a runner keeps; past it, it reads the log itself
 
@@ -114,6 +118,7 @@ class ReadModelRunner:
         self.own_reads = 0  # reads of the log by this runner itself (to catch up)
         self._pages: collections.deque[LogPage] = collections.deque(maxlen=QUEUED_PAGES)
         self._pages_lock = threading.Lock()
+        self._first_at = 0.0  # when the oldest page waiting to be folded arrived
         self._closed = False
         # A pipe the follower rings after handing a page over: the wait
         # selects on it and on the lock connection, so it ends at once on either.
@@ -148,6 +153,8 @@ class ReadModelRunner:
         with self._pages_lock:
             if self._closed:
                 return
+            if not self._pages:
+                self._first_at = time.monotonic()
             self._pages.append(page)
             with contextlib.suppress(BlockingIOError):  # full: rung already
                 os.write(self._bell_w, b"!")
@@ -191,6 +198,7 @@ class ReadModelRunner:
             self.state.position = place.position
             checked = time.monotonic()
             while not self._stopping.is_set():
+                self._gather(conn)
                 page = self._next_page(through)
                 if page is None:  # nothing new since the follower's last page
                     self._wait(conn, self._poll_interval)
@@ -209,6 +217,20 @@ class ReadModelRunner:
                     continue  # more to read, or the follower's next page to wait for
                 self._wait(conn, HELD_POLL if page.pending else self._poll_interval)
                 checked = time.monotonic()
+
+    def _gather(self, conn: psycopg.Connection[Any]) -> None:
+        """Let the follower's pages gather for up to ``GATHER`` after the first one arrived.
+
+        The wait ends early only when the lock connection's socket turns
+        readable (then the next check raises); the bell is left for later.
+        """
+        with self._pages_lock:
+            first = self._first_at if self._pages else None
+        if first is None:
+            return
+        remaining = first + GATHER - time.monotonic()
+        if remaining > 0:
+            select.select([conn.fileno()], [], [], remaining)
 
     def _next_page(self, through: Place) -> LogPage | None:
         """The follower's pages that continue from ``through``; else a read of our own.
@@ -261,9 +283,11 @@ class ReadModelRunner:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._bell_r, 4096):
                     pass
-        # Still connected (so still the lock holder): a dropped connection
-        # makes its socket readable at once, and this raises.
-        conn.execute("SELECT 1")
+        if conn.fileno() in ready or self._bell_r not in ready:
+            # A dropped connection makes its socket readable at once: then (and
+            # after a quiet wait) this raises unless still connected, so still
+            # the lock holder. A bell with a quiet socket needs no round trip.
+            conn.execute("SELECT 1")
 
 
 class ProjectionSupervisor:

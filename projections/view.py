@@ -232,8 +232,8 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
     def _claim_position(
         self, curs: Cursor[DictRow], application_name: str, expected: Place | None
     ) -> None:
-        curs.execute(self._ensure_position, (application_name,), prepare=True)
-        found = curs.execute(self._lock_position, (application_name,), prepare=True).fetchone()
+        # One statement: the row made if missing, locked, and read.
+        found = curs.execute(self._claim, (application_name,), prepare=True).fetchone()
         current, wanted = _place(found), expected or Place.start()
         if current != wanted:
             raise ProjectionConflict(
@@ -325,14 +325,16 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         self._delete_position = sql.SQL("DELETE FROM {} WHERE application_name = %s").format(
             tracking
         )
-        self._ensure_position = sql.SQL(
-            "INSERT INTO {} (application_name, notification_id) VALUES (%s, 0)"
-            " ON CONFLICT (application_name) DO NOTHING"
-        ).format(tracking)
         place = sql.SQL("notification_id, coalesce(xact_id, '0'::xid8)::text AS xact")
-        self._lock_position = sql.SQL(
-            "SELECT {} FROM {} WHERE application_name = %s FOR UPDATE"
-        ).format(place, tracking)
+        # Upserting with a no-op update locks the row (made if missing) and returns it.
+        self._claim = sql.SQL(
+            "INSERT INTO {t} AS r (application_name, notification_id) VALUES (%s, 0)"
+            " ON CONFLICT (application_name) DO UPDATE SET notification_id = r.notification_id"
+            " RETURNING {place}"
+        ).format(
+            t=tracking,
+            place=sql.SQL("r.notification_id, coalesce(r.xact_id, '0'::xid8)::text AS xact"),
+        )
         self._select_position = sql.SQL("SELECT {} FROM {} WHERE application_name = %s").format(
             place, tracking
         )

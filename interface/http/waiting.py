@@ -12,7 +12,8 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.views import describe_turn
 from turnlog.interface.http.state import AppState
 
-FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned"})
+# A turn in one of these states changes no more by itself (see waits.ENDING).
+FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned", "cancelled"})
 
 
 def turn_view(sessions: Sessions, session_id: UUID, turn_id: str) -> dict[str, Any]:
@@ -27,11 +28,13 @@ async def until_finished(
 
     "Finished" includes ``interrupted``: nothing more happens without an operator.
     The caller holds one of ``state.waits``'s slots. The turn is read again
-    only when the process's follower reads an event of its session.
+    only when the process's follower reads an event that may end a turn of its
+    session.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    event = state.waits.watch(session_id)  # before reading: a later change always wakes us
+    # Before reading: a later ending always wakes us.
+    event = state.waits.watch(session_id, ending_only=True)
     try:
         while True:
             event.clear()
@@ -41,7 +44,7 @@ async def until_finished(
             remaining = deadline - loop.time()
             if remaining <= 0 or state.draining.is_set():
                 return view, False
-            # Woken only when the follower reads an event of this session.
+            # Woken only when the follower reads an event ending a turn of this session.
             await state.waits.wait(event, remaining, state.draining)
     finally:
         state.waits.unwatch(session_id, event)

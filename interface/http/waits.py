@@ -5,9 +5,12 @@ clients on ``?wait=60`` cut session creation from 13 to 0.9 per second. So
 the process's one log follower (``application.follower``), which reads each
 new page of the log once, tells this object which sessions got events, and
 only their waiters (``?wait=`` and live event streams) wake to read again.
-The follower also polls, so a lost notification costs latency, never a
-wake-up. The number of concurrent waits is bounded per process like live
-streams: past it, 503 ``too_many_waits`` with Retry-After.
+A ``?wait`` on a turn wakes only for events that end a turn
+(``ENDING``), not for each step of it: a turn's six commits cost its waiter
+one read after the first, not six. The follower also polls, so a lost
+notification costs latency, never a wake-up. The number of concurrent waits
+is bounded per process like live streams: past it, 503 ``too_many_waits``
+with Retry-After.
 """
 
 from __future__ import annotations
@@ -19,7 +22,20 @@ from uuid import UUID
 
 from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.logorder import LogPage
+from turnlog.domain.session import Session
 from turnlog.interface.problems import TooManyWaits
+
+# The events after which a turn may be finished (see waiting.FINISHED).
+ENDING = frozenset(
+    event.TOPIC
+    for event in (
+        Session.TurnCompleted,
+        Session.TurnFailed,
+        Session.TurnInterrupted,
+        Session.TurnAbandoned,
+        Session.TurnCancelled,
+    )
+)
 
 # How often a waiter woken by nothing looks whether the server is draining.
 DRAIN_CHECK = 1.0
@@ -65,6 +81,7 @@ class TurnWaits:
             ),
         )
         self._waiters: dict[UUID, set[asyncio.Event]] = {}
+        self._ending_only: set[asyncio.Event] = set()  # waiters woken by ENDING events only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: LogFollower | None = None
 
@@ -84,11 +101,12 @@ class TurnWaits:
         """On the follower's thread: hand the watched sessions that changed to the loop."""
         watched = [s for s in sessions_of(page) if s in self._waiters]
         if watched and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._wake, watched)
+            ended = set(sessions_of(page, ENDING))
+            self._loop.call_soon_threadsafe(self._wake, watched, ended)
 
     def wake_all(self) -> None:
         """Wake every waiter (on the loop): they re-check, and see a shutdown."""
-        self._wake(list(self._waiters))
+        self._wake(list(self._waiters), set(self._waiters))
 
     def acquire(self) -> Callable[[], None]:
         """Take a slot or raise TooManyWaits; returns the (idempotent) release."""
@@ -109,13 +127,19 @@ class TurnWaits:
         """Sessions someone waits on."""
         return len(self._waiters)
 
-    def watch(self, session_id: UUID) -> asyncio.Event:
-        """An event set when the session may have changed since the caller's next read."""
+    def watch(self, session_id: UUID, ending_only: bool = False) -> asyncio.Event:
+        """An event set when the session may have changed since the caller's next read.
+
+        ``ending_only``: set only when a turn of the session may have ended.
+        """
         event = asyncio.Event()
         self._waiters.setdefault(session_id, set()).add(event)
+        if ending_only:
+            self._ending_only.add(event)
         return event
 
     def unwatch(self, session_id: UUID, event: asyncio.Event) -> None:
+        self._ending_only.discard(event)
         events = self._waiters.get(session_id)
         if events is not None:
             events.discard(event)
@@ -137,7 +161,8 @@ class TurnWaits:
             return True
         return False
 
-    def _wake(self, session_ids: list[UUID]) -> None:
+    def _wake(self, session_ids: list[UUID], ended: set[UUID]) -> None:
         for session_id in session_ids:
             for event in self._waiters.get(session_id, ()):
-                event.set()
+                if session_id in ended or event not in self._ending_only:
+                    event.set()

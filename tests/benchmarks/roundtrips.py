@@ -1,6 +1,14 @@
-"""Round trips and commits per turn on figure 1's path, counted in the client.
+"""Round trips and commits per turn, counted in the client.
 
-    .venv/bin/python tests/benchmarks/roundtrips.py [TURNS]
+    .venv/bin/python tests/benchmarks/roundtrips.py [TURNS]          # figure 1's path
+    .venv/bin/python tests/benchmarks/roundtrips.py --http [TURNS]   # through `serve --role all`
+
+The first drives turns through the application API in this process; the
+second runs the HTTP app with every role (API, worker, projection runners) in
+this process on a loopback port and submits each turn with ``?wait``, so the
+counts include the read models' writes and the server's reads. Both also
+report the server's own count of committed transactions (``xact_commit`` of
+``pg_stat_database``; exact only when nothing else uses the database).
 
 A round trip is one request/response exchange with the server, as psycopg
 waits for it (``Connection.wait`` on an operation that touches the socket: a
@@ -74,27 +82,103 @@ def install() -> None:
     psycopg.Transaction.__exit__ = counted_exit  # type: ignore[method-assign]
 
 
-def main(turns: int) -> None:
+def server_commits(db: Any) -> int:
+    """The server's count of committed transactions in this database (this query's too)."""
+    with psycopg.connect(db.conninfo, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def in_process(turns: int) -> tuple[Counter[str], str]:
     from turnlog.interface.bootstrap import build_runtime
 
-    install()
     db = bench_database()
     with scratch_namespace(db, "rt") as settings:
         rt = build_runtime(bench_turns.bench_settings(db, settings.namespace))
         try:
             session_id = rt.sessions.create_session(tools=["echo"]).session_id
             bench_turns.run_turn(rt, session_id)  # warm-up
-            before = Counter(counts)
+            before, xacts = Counter(counts), server_commits(db)
             for _ in range(turns):
                 bench_turns.run_turn(rt, session_id)
             rt.sessions.recorder.notifier.close()  # type: ignore[attr-defined]
             after = Counter(counts)
+            after["server: committed transactions"] = server_commits(db) - xacts - 1
         finally:
             rt.close()
-    print(f"per turn, over {turns} turns of figure 1's path:")
-    for key in sorted(after):
-        print(f"  {key}: {(after[key] - before[key]) / turns:.2f}")
+    return after - before, "figure 1's path"
+
+
+def over_http(turns: int) -> tuple[Counter[str], str]:
+    import httpx
+    import uvicorn
+
+    from tests.deadlines import poll
+    from turnlog.interface.http import create_app
+
+    db = bench_database()
+    with scratch_namespace(db, "rth") as settings:
+        app = create_app(bench_turns.bench_settings(db, settings.namespace), role="all")
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            poll(lambda: server.started, 60, "the server")
+            port = server.servers[0].sockets[0].getsockname()[1]
+            process = app.state.turnlog.process
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+                sid = http.post("/v1/sessions", json={"tools": ["echo"]}).json()["session_id"]
+
+                own: Counter[str] = Counter()  # the measurement's own statements, left out
+
+                def turn() -> None:
+                    answer = http.post(
+                        f"/v1/sessions/{sid}/turns",
+                        params={"wait": 30},
+                        json={"message": bench_turns.TOOL_MESSAGE},
+                    )
+                    body = answer.json()
+                    assert answer.status_code == 200 and body["state"] == "completed", body
+                    # Settled: the worker let go, and every runner is at the log's
+                    # head (read once here, and left out).
+                    poll(lambda: process.worker.held == 0, 30, "the worker to let go")
+                    mark = Counter(counts)
+                    head = process.read_models.events.head()
+                    own.update(Counter(counts) - mark)
+                    own["server: committed transactions"] += 1
+
+                    def caught_up() -> bool:
+                        return all(r["position"] >= head for r in process.supervisor.runners())
+
+                    poll(caught_up, 30, "the read models")
+
+                turn()  # warm-up
+                before, xacts = Counter(counts), server_commits(db)
+                own.clear()
+                for _ in range(turns):
+                    turn()
+                after = Counter(counts)
+                after["server: committed transactions"] = server_commits(db) - xacts - 1
+                after.subtract(own)
+        finally:
+            server.should_exit = True
+            thread.join(30)
+    return after - before, "a turn through serve --role all (?wait, read models caught up)"
+
+
+def main(http: bool, turns: int) -> None:
+    install()
+    counted, path = over_http(turns) if http else in_process(turns)
+    print(f"per turn, over {turns} turns of {path}:")
+    for key in sorted(counted):
+        print(f"  {key}: {counted[key] / turns:.2f}")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 50)
+    args = [a for a in sys.argv[1:] if a != "--http"]
+    main("--http" in sys.argv[1:], int(args[0]) if args else 50)

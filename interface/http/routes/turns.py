@@ -72,7 +72,8 @@ async def submit_turn(
 
     The turn is stored before the answer: 202 with the queued turn and the
     log position of its submission. With `?wait=S` the answer waits up to S
-    seconds for the turn to finish (completed, failed, interrupted) and is
+    seconds for the turn to finish (completed, failed, interrupted, abandoned,
+    cancelled) and is
     200 with the finished turn, or 202 with its current state at the deadline;
     when every wait slot of the server is taken it is refused before anything
     is written (503 `too_many_waits`, with Retry-After).
