@@ -20,11 +20,11 @@ from turnlog.application.execution import Executor
 from turnlog.application.leases import Lease, Leases
 from turnlog.application.observer import cancel_kind
 from turnlog.application.probes import prober_of
-from turnlog.application.recovery import Decision, Verdict, decide
 from turnlog.application.sessions import CONTENDED_ATTEMPTS, Sessions, Submitted, Written
 from turnlog.application.settings import Settings
 from turnlog.application.settling import settle_by_probe
 from turnlog.application.tools import ToolError, check_arguments
+from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
 from turnlog.domain.turns import CallState, Turn, TurnState
 

@@ -37,9 +37,10 @@ from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
 from turnlog.application.logorder import LogPage
-from turnlog.application.recovery import DONE, Decision, Verdict, decide, summarize
+from turnlog.application.recovery import DONE, summarize
 from turnlog.application.runtime import Runtime
 from turnlog.domain.errors import DomainError
+from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
 
 log = logging.getLogger("turnlog.worker")

@@ -39,10 +39,10 @@ from tests.openai_stub import (
 from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
-from turnlog.application.recovery import Decision
 from turnlog.application.reply_deltas import ReplyDelta
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.domain.progress import Decision
 from turnlog.domain.request import ModelRequest
 from turnlog.interface.bootstrap import build_runtime
 

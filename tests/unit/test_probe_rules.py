@@ -13,9 +13,8 @@ from tests.unit.histories import (
     event_names,
     recorded,
 )
-from turnlog.application.recovery import Decision, decide
 from turnlog.domain import errors
-from turnlog.domain.progress import Action, next_step
+from turnlog.domain.progress import Action, Decision, decide, next_step
 from turnlog.domain.request import tool_result_text
 from turnlog.domain.session import NOT_APPLIED_ERROR, Session
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, CallState, Effect, ProbeAnswer, TurnState
