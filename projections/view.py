@@ -105,9 +105,16 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         library's own check (the tracking upsert only moves forward) is not
         enough for batches of different lengths.
         """
-        with self.datastore.transaction(commit=True) as curs:
-            self._claim_position(curs, application_name, expected)
-            rows = self._load(curs, scopes)
+        # Pipelined: BEGIN, the claim and the rows' load go in one round trip;
+        # the rows' writes and the new place in another; then COMMIT.
+        with self.datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
+            claim, curs = conn.cursor(), conn.cursor()
+            claim.execute(self._claim, (application_name,), prepare=True)
+            wanted = self._keys(scopes)
+            if wanted:
+                curs.execute(self._load_rows, self._columns(wanted))
+            self._check_claim(claim.fetchone(), expected)
+            rows = Rows(self.table, (dict(r) for r in curs.fetchall()) if wanted else ())
             self._batch, self._batch_position = rows, None
             try:
                 yield
@@ -229,11 +236,8 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
 
     # ---------------------------------------------------------------- SQL
 
-    def _claim_position(
-        self, curs: Cursor[DictRow], application_name: str, expected: Place | None
-    ) -> None:
-        # One statement: the row made if missing, locked, and read.
-        found = curs.execute(self._claim, (application_name,), prepare=True).fetchone()
+    def _check_claim(self, found: Any, expected: Place | None) -> None:
+        """Refuse the batch unless the (locked) tracking row is where the caller read it."""
         current, wanted = _place(found), expected or Place.start()
         if current != wanted:
             raise ProjectionConflict(
@@ -242,12 +246,19 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
                 " another runner advanced it"
             )
 
+    @staticmethod
+    def _keys(scopes: Iterable[Key]) -> list[Key]:
+        return list(dict.fromkeys(storable_key(scope) for scope in scopes))
+
+    @staticmethod
+    def _columns(wanted: list[Key]) -> list[list[Any]]:
+        return [list(values) for values in zip(*wanted, strict=True)]
+
     def _load(self, curs: Cursor[DictRow], scopes: Iterable[Key]) -> Rows:
-        wanted = list(dict.fromkeys(storable_key(scope) for scope in scopes))
+        wanted = self._keys(scopes)
         if not wanted:
             return Rows(self.table)
-        columns = [list(values) for values in zip(*wanted, strict=True)]
-        found = curs.execute(self._load_rows, columns).fetchall()
+        found = curs.execute(self._load_rows, self._columns(wanted)).fetchall()
         return Rows(self.table, (dict(r) for r in found))
 
     def _flush(self, curs: Cursor[DictRow], rows: Rows) -> None:

@@ -10,7 +10,9 @@ counts include the read models' writes and the server's reads. Both also
 report the server's own count of committed transactions (``xact_commit`` of
 ``pg_stat_database``; exact only when nothing else uses the database).
 
-A round trip is one request/response exchange with the server, as psycopg
+Round trips are counted as psycopg waits on the socket: in pipeline mode (the
+read models' batches) each send counts too, so there the count is an upper
+bound. A round trip is one request/response exchange with the server, as psycopg
 waits for it (``Connection.wait`` on an operation that touches the socket: a
 statement, a commit, a COPY …; a commit with no transaction open is none), counted
 for every connection of the process (pools, leases, the notifier). Commits
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -102,11 +105,14 @@ def in_process(turns: int) -> tuple[Counter[str], str]:
             session_id = rt.sessions.create_session(tools=["echo"]).session_id
             bench_turns.run_turn(rt, session_id)  # warm-up
             before, xacts = Counter(counts), server_commits(db)
+            cpu = time.process_time()
             for _ in range(turns):
                 bench_turns.run_turn(rt, session_id)
+            after_cpu = round((time.process_time() - cpu) * 1000)
             rt.sessions.recorder.notifier.close()  # type: ignore[attr-defined]
             after = Counter(counts)
             after["server: committed transactions"] = server_commits(db) - xacts - 1
+            after["process CPU, ms"] = after_cpu
         finally:
             rt.close()
     return after - before, "figure 1's path"
@@ -160,9 +166,13 @@ def over_http(turns: int) -> tuple[Counter[str], str]:
                 turn()  # warm-up
                 before, xacts = Counter(counts), server_commits(db)
                 own.clear()
+                cpu = time.process_time()
                 for _ in range(turns):
                     turn()
                 after = Counter(counts)
+                after["process CPU, ms (server and client threads)"] = round(
+                    (time.process_time() - cpu) * 1000
+                )
                 after["server: committed transactions"] = server_commits(db) - xacts - 1
                 after.subtract(own)
         finally:
