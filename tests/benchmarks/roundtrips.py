@@ -1,7 +1,7 @@
 """Round trips and commits per turn, counted in the client.
 
-    .venv/bin/python tests/benchmarks/roundtrips.py [TURNS]          # figure 1's path
-    .venv/bin/python tests/benchmarks/roundtrips.py --http [TURNS]   # through `serve --role all`
+    .venv/bin/python -m tests.benchmarks.roundtrips [TURNS]          # figure 1's path
+    .venv/bin/python -m tests.benchmarks.roundtrips --http [TURNS] [--clients N]
 
 The first drives turns through the application API in this process; the
 second runs the HTTP app with every role (API, worker, projection runners) in
@@ -24,7 +24,7 @@ blocks that commit).
 
 from __future__ import annotations
 
-import sys
+import argparse
 import threading
 import time
 from collections import Counter
@@ -118,7 +118,7 @@ def in_process(turns: int) -> tuple[Counter[str], str]:
     return after - before, "figure 1's path"
 
 
-def over_http(turns: int) -> tuple[Counter[str], str]:
+def over_http(turns: int, clients: int) -> tuple[Counter[str], str]:
     import httpx
     import uvicorn
 
@@ -127,7 +127,11 @@ def over_http(turns: int) -> tuple[Counter[str], str]:
 
     db = bench_database()
     with scratch_namespace(db, "rth") as settings:
-        app = create_app(bench_turns.bench_settings(db, settings.namespace), role="all")
+        app = create_app(
+            bench_turns.bench_settings(db, settings.namespace),
+            role="all",
+            worker_concurrency=max(4, clients),
+        )
         server = uvicorn.Server(
             uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
         )
@@ -137,58 +141,80 @@ def over_http(turns: int) -> tuple[Counter[str], str]:
             poll(lambda: server.started, 60, "the server")
             port = server.servers[0].sockets[0].getsockname()[1]
             process = app.state.turnlog.process
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-                sid = http.post("/v1/sessions", json={"tools": ["echo"]}).json()["session_id"]
+            url = f"http://127.0.0.1:{port}"
+            own: Counter[str] = Counter()  # the measurement's own statements, left out
 
-                own: Counter[str] = Counter()  # the measurement's own statements, left out
+            def client(count: int) -> None:
+                with httpx.Client(base_url=url, timeout=120) as http:
+                    sid = http.post("/v1/sessions", json={"tools": ["echo"]}).json()["session_id"]
+                    for _ in range(count):
+                        answer = http.post(
+                            f"/v1/sessions/{sid}/turns",
+                            params={"wait": 60},
+                            json={"message": bench_turns.TOOL_MESSAGE},
+                        )
+                        body = answer.json()
+                        assert answer.status_code == 200, body
+                        assert body["state"] == "completed", body
 
-                def turn() -> None:
-                    answer = http.post(
-                        f"/v1/sessions/{sid}/turns",
-                        params={"wait": 30},
-                        json={"message": bench_turns.TOOL_MESSAGE},
-                    )
-                    body = answer.json()
-                    assert answer.status_code == 200 and body["state"] == "completed", body
-                    # Settled: the worker let go, and every runner is at the log's
-                    # head (read once here, and left out).
-                    poll(lambda: process.worker.held == 0, 30, "the worker to let go")
-                    mark = Counter(counts)
-                    head = process.read_models.events.head()
-                    own.update(Counter(counts) - mark)
-                    own["server: committed transactions"] += 1
-
-                    def caught_up() -> bool:
-                        return all(r["position"] >= head for r in process.supervisor.runners())
-
-                    poll(caught_up, 30, "the read models")
-
-                turn()  # warm-up
-                before, xacts = Counter(counts), server_commits(db)
-                own.clear()
-                cpu = time.process_time()
-                for _ in range(turns):
-                    turn()
-                after = Counter(counts)
-                after["process CPU, ms (server and client threads)"] = round(
-                    (time.process_time() - cpu) * 1000
+            def settle() -> None:
+                # The worker let go, and every runner is at the log's head (read
+                # here once, and left out).
+                poll(lambda: process.worker.held == 0, 30, "the worker to let go")
+                mark = Counter(counts)
+                head = process.read_models.events.head()
+                own.update(Counter(counts) - mark)
+                own["server: committed transactions"] += 1
+                poll(
+                    lambda: all(r["position"] >= head for r in process.supervisor.runners()),
+                    30,
+                    "the read models",
                 )
-                after["server: committed transactions"] = server_commits(db) - xacts - 1
-                after.subtract(own)
+
+            def run(total: int) -> None:
+                shares = [total // clients + (i < total % clients) for i in range(clients)]
+                if clients == 1:
+                    for _ in range(total):  # one at a time, each turn settled
+                        client(1)
+                        settle()
+                    return
+                threads = [threading.Thread(target=client, args=(n,)) for n in shares]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                settle()
+
+            run(clients)  # warm-up
+            before, xacts = Counter(counts), server_commits(db)
+            own.clear()
+            cpu = time.process_time()
+            run(turns)
+            after = Counter(counts)
+            after["process CPU, ms (server and client threads)"] = round(
+                (time.process_time() - cpu) * 1000
+            )
+            after["server: committed transactions"] = server_commits(db) - xacts - 1
+            after.subtract(own)
         finally:
             server.should_exit = True
             thread.join(30)
-    return after - before, "a turn through serve --role all (?wait, read models caught up)"
+    each = "each settled" if clients == 1 else f"from {clients} clients at once"
+    return after - before, f"a turn through serve --role all (?wait; {each})"
 
 
-def main(http: bool, turns: int) -> None:
+def main(http: bool, turns: int, clients: int = 1) -> None:
     install()
-    counted, path = over_http(turns) if http else in_process(turns)
+    counted, path = over_http(turns, clients) if http else in_process(turns)
     print(f"per turn, over {turns} turns of {path}:")
     for key in sorted(counted):
         print(f"  {key}: {counted[key] / turns:.2f}")
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--http"]
-    main("--http" in sys.argv[1:], int(args[0]) if args else 50)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("turns", type=int, nargs="?", default=50)
+    parser.add_argument("--http", action="store_true", help="through serve --role all")
+    parser.add_argument("--clients", type=int, default=1, help="HTTP clients at once")
+    args = parser.parse_args()
+    main(args.http, args.turns, args.clients)
