@@ -40,6 +40,10 @@ from turnlog.projections import ProjectionSupervisor, ReadModels
 
 log = logging.getLogger("turnlog.serve")
 
+# Pooled connections a worker process needs besides one per running turn (the
+# API's requests, the read models, the follower's reads).
+POOL_HEADROOM = 6
+
 
 def worker_id() -> str:
     """host:pid:random — unique per process start."""
@@ -288,11 +292,23 @@ def build_process(
     ``role`` None is a one-shot command: the runtime, and the read models
     on first use. A serve role adds the follower and the read
     models, and then the projection runners (``only`` some of them) and the
-    worker as the role runs them.
+    worker as the role runs them. Unless ``TURNLOG_POOL_MAX_OVERFLOW`` is set,
+    a worker's pool grows to its concurrency plus ``POOL_HEADROOM``.
     """
+    role = None if role is None else Role(role)
+    if (
+        role is not None
+        and role.runs_worker
+        and "pool_max_overflow" not in settings.model_fields_set
+    ):
+        # Each running turn takes a pooled connection at every step: a pool
+        # smaller than the worker's concurrency makes turns queue for one.
+        wanted = worker_concurrency + POOL_HEADROOM - settings.pool_size
+        if wanted > settings.pool_max_overflow:
+            settings = settings.model_copy(update={"pool_max_overflow": wanted})
     return Process(
         settings,
-        None if role is None else Role(role),
+        role,
         worker_concurrency=worker_concurrency,
         only=only,
         batch_size=batch_size,
