@@ -323,9 +323,8 @@ class Sessions(Application[UUID]):
             "SELECT originator_version FROM {} WHERE originator_id = %s"
             " ORDER BY originator_version DESC LIMIT 1"
         ).format(table)
-        with recorder.datastore.transaction(commit=False) as curs:
-            curs.execute(statement, (session_id,))
-            row = curs.fetchone()
+        with recorder.datastore.get_connection() as conn:  # one statement: no BEGIN/COMMIT
+            row = conn.execute(statement, (session_id,)).fetchone()
         return int(row["originator_version"]) if row else 0
 
     def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
