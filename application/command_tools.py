@@ -48,9 +48,9 @@ from turnlog.application.probes import (
 )
 from turnlog.application.processes import run_command
 from turnlog.application.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
+from turnlog.application.tool_context import ToolContext
 from turnlog.application.tools import (
     Tool,
-    ToolContext,
     ToolError,
     ToolRegistry,
     ToolSpec,

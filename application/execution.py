@@ -31,6 +31,7 @@ from turnlog.application.providers import ModelReply, ProviderError, ProviderReg
 from turnlog.application.reply_deltas import DeltaHub
 from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.sessions import Sessions
+from turnlog.application.tool_context import ToolContext
 from turnlog.application.tool_errors import (
     MAX_ERROR_CHARS,
     error_text,
@@ -38,7 +39,7 @@ from turnlog.application.tool_errors import (
     shorten,
     without_paths,
 )
-from turnlog.application.tools import ToolContext, ToolError, ToolOutcomeUnknown, ToolRegistry
+from turnlog.application.tools import ToolError, ToolOutcomeUnknown, ToolRegistry
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session

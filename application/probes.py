@@ -32,14 +32,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from turnlog.application.processes import identify, is_alive, is_here
 from turnlog.application.sandbox_files import SandboxPathError, file_state, path_parts, read_at
+from turnlog.application.tool_context import ToolContext
 from turnlog.domain.turns import ProbeAnswer, ToolCall, ToolProcess
-
-if TYPE_CHECKING:
-    from turnlog.application.tools import ToolContext
 
 log = logging.getLogger("turnlog.probes")
 
@@ -242,6 +240,4 @@ class AppendFileProber:
 
 def probe_context(session_id: str, call: ToolCall, sandbox: Path, namespace: str) -> ToolContext:
     """The context a probe runs with: the call's own (same idempotency key, same sandbox)."""
-    from turnlog.application.tools import ToolContext
-
     return ToolContext(session_id, call.call_id, call.attempt, sandbox, namespace=namespace)

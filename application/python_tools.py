@@ -48,7 +48,8 @@ from turnlog.application.probes import (
     unknown,
 )
 from turnlog.application.processes import run_command
-from turnlog.application.tools import ToolContext, ToolError, ToolSpec, check_arguments
+from turnlog.application.tool_context import ToolContext
+from turnlog.application.tools import ToolError, ToolSpec, check_arguments
 from turnlog.domain.turns import Effect
 
 F = TypeVar("F", bound=Callable[..., Any])

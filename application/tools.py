@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import threading
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,18 +18,10 @@ from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
 from turnlog.application.probes import AppendFileProber
 from turnlog.application.sandbox_files import SandboxPathError, append_line, path_parts
-from turnlog.domain.turns import Effect, ToolProcess
+from turnlog.application.tool_context import ToolContext
+from turnlog.domain.turns import Effect
 
 MAX_SLEEP_SECONDS = 300.0
-
-
-# The UUID namespace of tool calls' idempotency keys (uuid5 over namespace, session, call).
-IDEMPOTENCY_KEYS = uuid.UUID("9c3a1c2e-4f1d-5d0b-9a6e-2b7f0e5c8d41")
-
-
-def idempotency_key(namespace: str, session_id: str, call_id: str) -> str:
-    """``uuid5`` of the namespace, session id and call id (a unit separator between them)."""
-    return str(uuid.uuid5(IDEMPOTENCY_KEYS, "\x1f".join((namespace, session_id, call_id))))
 
 
 # The built-in tools: for demonstrations and tests, not for a real model's sessions.
@@ -64,43 +54,6 @@ class ToolOutcomeUnknown(Exception):
     The call stays in flight, as if its owner had died: a read_only or
     idempotent call runs again, a side_effecting one interrupts the turn.
     """
-
-
-def _ignore_process(process: ToolProcess) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class ToolContext:
-    """What a tool gets besides its arguments."""
-
-    session_id: str
-    call_id: str  # the model's id: unique only within the session
-    attempt: int
-    sandbox: Path
-    # A tool that spawns an OS process reports it here right after spawning and
-    # before the process does any work; the executor records it durably
-    # (ToolCallProcessStarted) so the process can be found after a crash. It
-    # raises (LeaseLost) when this process no longer owns the turn.
-    report_process: Callable[[ToolProcess], None] = field(
-        default=_ignore_process, repr=False, compare=False
-    )
-    namespace: str = "default"
-    # Set when the call must stop now (its turn is cancelled, or a cancel is
-    # forced): a tool that waits should wait on it. Process-group tools are
-    # also killed; the executor then records the call as stopped, whatever it returns.
-    stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-
-    @property
-    def idempotency_key(self) -> str:
-        """The call's key for the other side: the same for every attempt of this call,
-        different for any other call of any session of any namespace.
-
-        A model's call id is unique only within its session (a provider may give
-        the same one in two sessions); the key is a UUID derived from the
-        namespace, the session id and the call id.
-        """
-        return idempotency_key(self.namespace, self.session_id, self.call_id)
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ def test_the_readme_example_of_a_tools_file_loads(tmp_path: Path) -> None:
 def test_each_call_gets_an_idempotency_key_unique_across_sessions_and_namespaces(
     shell_runtime: Runtime, settings: Settings
 ) -> None:
-    from turnlog.application.tools import idempotency_key
+    from turnlog.application.tool_context import idempotency_key
 
     show = {"command": 'printf "%s|%s" "$TURNLOG_CALL_ID" "$TURNLOG_IDEMPOTENCY_KEY"'}
     first, second = new_session(shell_runtime), new_session(shell_runtime)

@@ -28,7 +28,7 @@ from turnlog.application.database import Database
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.application.tools import idempotency_key
+from turnlog.application.tool_context import idempotency_key
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime, build_tools
 

@@ -13,7 +13,7 @@ from turnlog.application.command_tools import CommandProber, load_tools_file
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.probes import AppendFileProber, run_probe
 from turnlog.application.sandbox_files import append_line
-from turnlog.application.tools import ToolContext
+from turnlog.application.tool_context import ToolContext
 from turnlog.domain.turns import ProbeAnswer
 
 

@@ -20,7 +20,8 @@ import pytest
 from turnlog.application.command_tools import shell_tool
 from turnlog.application.runtime import Runtime
 from turnlog.application.sandboxes import Sandboxes, _size
-from turnlog.application.tools import ToolContext, ToolError, ToolRegistry, builtin_tools
+from turnlog.application.tool_context import ToolContext
+from turnlog.application.tools import ToolError, ToolRegistry, builtin_tools
 
 registry = ToolRegistry(builtin_tools())
 

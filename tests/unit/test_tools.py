@@ -260,7 +260,7 @@ def test_a_result_summary_is_short_json() -> None:
 
 
 def test_idempotency_key_is_stable_for_a_call_and_differs_for_any_other() -> None:
-    from turnlog.application.tools import ToolContext, idempotency_key
+    from turnlog.application.tool_context import ToolContext, idempotency_key
 
     key = idempotency_key("prod", "s-1", "call_1")
     assert key == idempotency_key("prod", "s-1", "call_1")  # a re-run gets the same key
