@@ -9,10 +9,9 @@ from __future__ import annotations
 import getpass
 import json
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 from uuid import UUID
 
 import typer
@@ -32,9 +31,7 @@ from turnlog.interface.cli_sandboxes import sandboxes_app
 from turnlog.interface.cli_tools import tools_app
 from turnlog.interface.demo import demo_app
 from turnlog.interface.serve import serve
-from turnlog.interface.terminal import err, fail, id_table, out, print_table, refusals
-
-T = TypeVar("T")
+from turnlog.interface.terminal import err, fail, id_table, out, print_table, run
 
 app = typer.Typer(
     help="turnlog: an agent runtime whose sessions are event streams in PostgreSQL.",
@@ -99,11 +96,6 @@ def ctx_of(ctx: typer.Context) -> Context:
     obj = ctx.find_root().obj
     assert isinstance(obj, Context)
     return obj
-
-
-def run(ctx: typer.Context, action: Callable[[Runtime], T]) -> T:
-    with refusals():
-        return action(ctx_of(ctx).runtime())
 
 
 def parse_uuid(value: str, what: str = "session id") -> UUID:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.sandboxes import Action, Sandbox, Sandboxes
+from turnlog.interface.terminal import out, print_table, run
 
 sandboxes_app = typer.Typer(
     help="Tool sandboxes on this host: list them, collect leftovers.", no_args_is_help=True
@@ -26,9 +27,6 @@ def sandboxes_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Each session's sandbox: path, size, the session's state and its live tool processes."""
-    from turnlog.interface.cli import run
-    from turnlog.interface.terminal import print_table
-
     found: list[Sandbox] = run(ctx, lambda rt: _sandboxes(rt).scan())
     if as_json:
         typer.echo(json.dumps([s.as_dict() for s in found]))
@@ -58,9 +56,6 @@ def sandboxes_gc(
     Processes of a call whose outcome is unknown (an interrupted turn) are kept
     until the turn is abandoned or the call resolved.
     """
-    from turnlog.interface.cli import run
-    from turnlog.interface.terminal import out
-
     actions: list[Action] = run(ctx, lambda rt: _sandboxes(rt).gc(dry_run=dry_run))
     if as_json:
         typer.echo(json.dumps([a.as_dict() for a in actions]))

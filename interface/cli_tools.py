@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from turnlog.application.tools import ToolSpec
+from turnlog.interface.terminal import out, run
 
 tools_app = typer.Typer(help="The tools sessions can call.", no_args_is_help=True)
 
@@ -19,9 +20,6 @@ def tools_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Name, effect class, description and parameters of every tool (a bad tools file fails)."""
-    from turnlog.interface.cli import run
-    from turnlog.interface.terminal import out
-
     specs: list[ToolSpec] = run(ctx, lambda rt: rt.executor.tools.specs())
     if as_json:
         rows = [

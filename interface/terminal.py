@@ -1,13 +1,14 @@
-"""What every `turnlog` command shares: output consoles, refusals, waiting for a stop signal."""
+"""What every `turnlog` command shares: output consoles, refusals, running on the runtime, waiting
+for a stop signal."""
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,6 +17,11 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from turnlog.interface.problems import exit_code_for, problem_for
+
+if TYPE_CHECKING:
+    from turnlog.application.runtime import Runtime
+
+T = TypeVar("T")
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -64,6 +70,19 @@ def refusals() -> Iterator[None]:
         if problem is None:
             raise
         fail(exit_code_for(problem.status), f"{problem.detail} [{problem.code}]")
+
+
+class _Root(Protocol):
+    """What the root command's object (``interface.cli.Context``) offers every command."""
+
+    def runtime(self) -> Runtime: ...
+
+
+def run(ctx: typer.Context, action: Callable[[Runtime], T]) -> T:
+    """``action`` on the command's runtime; a refusal becomes a message and its exit code."""
+    root: _Root = ctx.find_root().obj
+    with refusals():
+        return action(root.runtime())
 
 
 def stop_on_signals() -> threading.Event:

@@ -1,4 +1,4 @@
-"""Imports point inwards: interface → application / projections → domain.
+"""Imports point inwards: interface → application / projections → domain; no import cycles.
 
 Projections read the log through the application's infrastructure (database
 connection, settings, errors, the log's order and its one follower per
@@ -13,6 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+LAYERS = ("domain", "application", "projections", "interface")
 
 PROJECTIONS_MAY_USE = {
     "application.chain",  # the log's hash chain, which audit recomputes
@@ -39,6 +40,55 @@ def imports_of(package: str) -> dict[str, set[str]]:
                 names.update(a.name for a in node.names)
         found[str(path.relative_to(ROOT))] = names
     return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the four layers → the modules of theirs it imports.
+
+    Every import counts: at the top, inside a function, for types only; but
+    not that of a package the module is in (Python has imported it already).
+    """
+    imports: dict[str, set[str]] = {}
+    for package in LAYERS:
+        for path, names in imports_of(package).items():
+            module = "turnlog." + path.removesuffix(".py").replace("/", ".")
+            imports[module.removesuffix(".__init__")] = names
+
+    def module_of(name: str) -> str | None:
+        while name and name not in imports:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        module: {
+            m
+            for m in map(module_of, names)
+            if m is not None and m != module and not module.startswith(m + ".")
+        }
+        for module, names in imports.items()
+    }
+
+
+def a_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle, as the modules around it (first one again at the end); [] if none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(module: str) -> list[str]:
+        path.append(module)
+        for imported in sorted(graph[module]):
+            if imported in path:
+                return [*path[path.index(imported) :], imported]
+            if imported not in done and (found := visit(imported)):
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if module not in done and (found := visit(module)):
+            return found
+    return []
 
 
 def ours(name: str, package: str) -> bool:
@@ -82,3 +132,18 @@ def test_the_domain_imports_nothing_of_the_outer_layers() -> None:
             n for n in names if any(ours(n, p) for p in ("application", "projections", "interface"))
         }
         assert not bad, f"{path} imports outward: {sorted(bad)}"
+
+
+def test_a_cycle_is_found_when_there_is_one() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": set()}
+    assert a_cycle(graph) == ["b", "c", "b"]
+    assert a_cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """A cycle makes import order matter (a lazy import inside a function only hides it)."""
+    graph = module_graph()
+    assert {"turnlog.interface.cli", "turnlog.domain.session"} <= set(graph)
+    assert "turnlog.domain.session" in graph["turnlog.domain.progress"]
+    cycle = a_cycle(graph)
+    assert not cycle, "import cycle: " + " → ".join(cycle)
