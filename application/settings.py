@@ -154,11 +154,16 @@ class Settings(BaseSettings):
 
     @property
     def schema_name(self) -> str:
-        return f"turnlog_{self.namespace}"
+        return schema_name(self.namespace)
 
     @property
     def sandbox_root(self) -> Path:
         return self.data_dir.resolve() / "sandboxes" / self.namespace
+
+
+def schema_name(namespace: str) -> str:
+    """The PostgreSQL schema that holds a namespace's tables."""
+    return f"turnlog_{namespace}"
 
 
 def split_names(text: str) -> list[str]:

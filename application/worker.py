@@ -17,8 +17,6 @@ the ones no offer names (a dead worker's turns, a turn refused earlier).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,10 +26,9 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 
 from turnlog.application.cancel_watch import utc_now
-from turnlog.application.database import Database, bootstrap_lock, connect
+from turnlog.application.database import connect
 from turnlog.application.errors import ApplicationError, LeaseLost
 from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.leases import Lease, owner_alive
@@ -39,6 +36,7 @@ from turnlog.application.log_context import bound
 from turnlog.application.logorder import LogPage
 from turnlog.application.recovery import DONE, summarize
 from turnlog.application.runtime import Runtime
+from turnlog.application.workers_registry import heartbeat, mark_stopped, register_worker
 from turnlog.domain.errors import DomainError
 from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
@@ -94,57 +92,6 @@ BENCH_MAX_SECONDS = 60.0  # longest pause before retrying a turn that failed une
 
 class Stopping(Exception):
     """Raised inside a turn's loop when the worker drains; the turn stays for recovery."""
-
-
-def workers_table(namespace: str) -> sql.Composed:
-    return sql.SQL("{}.{}").format(
-        sql.Identifier(f"turnlog_{namespace}"), sql.Identifier("workers")
-    )
-
-
-def create_workers_table(db: Database, namespace: str) -> None:
-    """The small operational table where workers register (not event-sourced)."""
-    with bootstrap_lock(db) as conn:
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (worker_id text PRIMARY KEY, pid integer NOT NULL,"
-                " host text NOT NULL, started_at timestamptz NOT NULL DEFAULT now(),"
-                " heartbeat_at timestamptz NOT NULL DEFAULT now(), turns_held integer NOT NULL"
-                " DEFAULT 0, concurrency integer NOT NULL DEFAULT 1, stopped_at timestamptz)"
-            ).format(workers_table(namespace))
-        )
-
-
-def list_workers(db: Database, namespace: str) -> list[dict[str, Any]]:
-    """Registered workers, newest first, with heartbeat age in seconds."""
-    query = sql.SQL(
-        "SELECT worker_id, pid, host, started_at, heartbeat_at, turns_held, concurrency,"
-        " stopped_at, extract(epoch FROM now() - heartbeat_at) FROM {} ORDER BY started_at DESC"
-    ).format(workers_table(namespace))
-    with connect(db) as conn:
-        try:
-            rows = conn.execute(query).fetchall()
-        except psycopg.errors.UndefinedTable:
-            return []
-    keys = (
-        "worker_id",
-        "pid",
-        "host",
-        "started_at",
-        "heartbeat_at",
-        "turns_held",
-        "concurrency",
-        "stopped_at",
-        "heartbeat_age_seconds",
-    )
-    out = []
-    for row in rows:
-        item = dict(zip(keys, row, strict=True))
-        for k in ("started_at", "heartbeat_at", "stopped_at"):
-            item[k] = item[k].isoformat() if item[k] else None
-        item["heartbeat_age_seconds"] = round(float(item["heartbeat_age_seconds"]), 3)
-        out.append(item)
-    return out
 
 
 def check_open_turns(runtime: Runtime, source: WorkSource, limit: int = 10_000) -> list[Verdict]:
@@ -208,15 +155,8 @@ class Worker:
 
     def start(self) -> str:
         """Register, run the start-up check, then start finding work. Returns the summary."""
-        db, ns = self.runtime.db, self.runtime.settings.namespace
-        create_workers_table(db, ns)
-        with connect(db) as conn:
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (worker_id, pid, host, concurrency) VALUES (%s, %s, %s, %s)"
-                ).format(workers_table(ns)),
-                (self.worker_id, os.getpid(), socket.gethostname(), self.concurrency),
-            )
+        ns = self.runtime.settings.namespace
+        register_worker(self.runtime.db, ns, self.worker_id, self.concurrency)
         verdicts = check_open_turns(self.runtime, self.source)
         # Decided, not done: the turns are acted on once dispatch takes their
         # leases, and each recovery is logged again when it has been carried out.
@@ -264,13 +204,7 @@ class Worker:
         done = _wait_all(futures, drain_timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
         try:
-            with connect(self.runtime.db) as conn:
-                conn.execute(
-                    sql.SQL(
-                        "UPDATE {} SET stopped_at = now(), turns_held = 0 WHERE worker_id = %s"
-                    ).format(workers_table(self.runtime.settings.namespace)),
-                    (self.worker_id,),
-                )
+            mark_stopped(self.runtime.db, self.runtime.settings.namespace, self.worker_id)
         except (psycopg.Error, ApplicationError):
             log.warning("could not mark worker stopped", exc_info=True)
         return done
@@ -414,15 +348,13 @@ class Worker:
 
     def _heartbeat(self) -> None:
         """Keep the registry row fresh, on one connection reopened when it breaks."""
-        update = sql.SQL(
-            "UPDATE {} SET heartbeat_at = now(), turns_held = %s WHERE worker_id = %s"
-        ).format(workers_table(self.runtime.settings.namespace))
+        ns = self.runtime.settings.namespace
         conn: psycopg.Connection[Any] | None = None
         while not self._stop.wait(2.0):
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.runtime.db)
-                conn.execute(update, (self.held, self.worker_id))
+                heartbeat(conn, ns, self.worker_id, self.held)
             except (psycopg.Error, ApplicationError):
                 log.warning("heartbeat failed; reconnecting", exc_info=True)
                 conn = None

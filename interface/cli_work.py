@@ -122,7 +122,7 @@ def workers(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Registered workers, newest first: pid, host, heartbeat age, turns held, stopped."""
-    from turnlog.application.worker import list_workers
+    from turnlog.application.workers_registry import list_workers
 
     root: Any = ctx.find_root().obj
     with refusals():

@@ -147,3 +147,11 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
     assert "turnlog.domain.session" in graph["turnlog.domain.progress"]
     cycle = a_cycle(graph)
     assert not cycle, "import cycle: " + " → ".join(cycle)
+
+
+def test_the_http_api_and_the_console_list_workers_without_importing_the_worker() -> None:
+    """They read the workers registry (application.workers_registry), not the worker's code."""
+    for package in ("interface/http", "interface/console"):
+        for path, names in imports_of(package).items():
+            bad = {n for n in names if ours(n, "application.worker")}
+            assert not bad, f"{path} imports the worker: {sorted(bad)}"
