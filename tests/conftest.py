@@ -35,17 +35,47 @@ from psycopg import sql
 from tests import deadlines
 from turnlog.application.database import Database, embedded_running, locate, stop_embedded
 from turnlog.application.runtime import Runtime
-from turnlog.application.settings import Settings
+from turnlog.application.settings import Settings, schema_name
 from turnlog.interface.bootstrap import build_runtime
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_DATA = ROOT / ".turnlog" / "test"
-# The rings, in the order a run starts them: the longest files first, so that the
-# last worker to finish is not left with a long file alone (xdist --dist loadfile, in this
-# order: --no-loadscope-reorder).
+# The rings, in the order a run starts the files not in LONGEST_FIRST (xdist --dist
+# loadfile hands files out in collection order: --no-loadscope-reorder).
 RINGS = ("fault", "browser", "e2e", "client", "api", "integration", "unit")
-# Files long enough to be started before everything else.
-LONGEST_FIRST = ("tests/fault/test_kill_campaign.py",)
+# The longest files, longest first, started before all others so that the last files
+# handed out are short ones and no worker is left with a long file alone at the end.
+# Measured (wall time per file, four workers on 2 cores, 2026-11-30); a file missing
+# here only makes the end of a run less even.
+LONGEST_FIRST = (
+    "fault/test_kill_campaign.py",
+    "fault/test_probes.py",
+    "fault/test_workers.py",
+    "fault/test_unfinished_tool_call.py",
+    "api/test_openapi_fuzz.py",
+    "fault/test_restart_demo.py",
+    "fault/test_turn_control.py",
+    "integration/test_mcp_tools.py",
+    "fault/test_database_faults.py",
+    "e2e/test_operator_cli.py",
+    "integration/test_python_tools.py",
+    "api/test_turn_control_api.py",
+    "fault/test_resource_bounds.py",
+    "api/test_console_api.py",
+    "fault/test_projection_runner.py",
+    "api/test_hostile_input.py",
+    "fault/test_lease_loss.py",
+    "fault/test_racing_submits.py",
+    "e2e/test_serve.py",
+    "fault/test_waits.py",
+    "fault/test_concurrency.py",
+    "integration/test_projections_cli.py",
+    "fault/test_tool_processes.py",
+    "api/test_isolation.py",
+    "fault/test_log_order.py",
+    "browser/test_resolve.py",
+    "e2e/test_connection_budget.py",
+)
 # The embedded test server's connection limit. Four test processes, each running
 # clusters of turnlog processes (up to 19 connections each, docs/operations.md), passed
 # PostgreSQL's default of 100.
@@ -190,10 +220,13 @@ def ring_of(item: pytest.Item) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def order(item: pytest.Item) -> tuple[int, int]:
-        relative = item.path.relative_to(ROOT).as_posix() if ROOT in item.path.parents else ""
+        try:
+            relative = item.path.relative_to(ROOT / "tests").as_posix()
+        except ValueError:
+            relative = ""
         ring = ring_of(item)
         return (
-            0 if relative in LONGEST_FIRST else 1,
+            LONGEST_FIRST.index(relative) if relative in LONGEST_FIRST else len(LONGEST_FIRST),
             RINGS.index(ring) if ring in RINGS else len(RINGS),
         )
 
@@ -270,7 +303,7 @@ def namespace(database: Database) -> Iterator[str]:
 def drop_namespace(database: Database, name: str) -> None:
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
         conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(f"turnlog_{name}"))
+            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name(name)))
         )
 
 
@@ -336,7 +369,7 @@ def raw_events(database: Database, namespace: str, session_id: Any = None) -> li
         "SELECT notification_id, originator_id, originator_version, topic FROM {}.sessions_events"
         " {} ORDER BY notification_id"
     ).format(
-        sql.Identifier(f"turnlog_{namespace}"),
+        sql.Identifier(schema_name(namespace)),
         sql.SQL("WHERE originator_id = %s") if session_id else sql.SQL(""),
     )
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
