@@ -27,7 +27,8 @@ lint: $(STAMP)
 # The tests come in rings, one folder each under tests/: unit (no database at all),
 # integration, api, e2e, fault and browser. `make test` is lint and every ring in one
 # pytest run, its files spread over TEST_WORKERS processes (pytest-xdist, one file per
-# worker at a time) sharing one embedded PostgreSQL, a namespace per test. It installs
+# worker at a time, the longest files first) sharing one embedded PostgreSQL, a namespace
+# per test; lint runs beside the tests (niced) and its output follows theirs. It installs
 # Chromium for the browser ring when it can (root and apt-get); where it cannot, the
 # summary says loudly that the browser ring did not run. Each run ends with the ten
 # slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
@@ -35,13 +36,20 @@ TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4;
 PYTEST := $(BIN)/pytest --durations=10
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
+# The test runs write bytecode caches even where PYTHONDONTWRITEBYTECODE is set: they start
+# hundreds of turnlog processes, and each would compile the project's modules again.
+test unit integration api client e2e fault browser: export PYTHONDONTWRITEBYTECODE :=
+
 test: $(STAMP)
-	@start=$$(date +%s); status=0; \
-	$(MAKE) --no-print-directory lint browser-deps-if-root || status=$$?; \
-	if [ $$status -eq 0 ]; then $(PYTEST) $(PARALLEL) tests $(PYTEST_ARGS) || status=$$?; fi; \
-	echo "make test: lint and every ring in $$(( $$(date +%s) - start )) s on $$(nproc) CPUs" \
-		"($(TEST_WORKERS) test workers): $$([ $$status -eq 0 ] && echo passed || echo FAILED)"; \
-	exit $$status
+	@start=$$(date +%s); lint_log=$$(mktemp); \
+	$(MAKE) --no-print-directory browser-deps-if-root; \
+	{ nice -n 10 $(MAKE) --no-print-directory lint >"$$lint_log" 2>&1; } & lint=$$!; \
+	tests=0; $(PYTEST) $(PARALLEL) tests $(PYTEST_ARGS) || tests=$$?; \
+	linted=0; wait $$lint || linted=$$?; cat "$$lint_log"; rm -f "$$lint_log"; \
+	echo "make test: lint $$([ $$linted -eq 0 ] && echo passed || echo FAILED)," \
+		"every ring $$([ $$tests -eq 0 ] && echo passed || echo FAILED)," \
+		"in $$(( $$(date +%s) - start )) s on $$(nproc) CPUs ($(TEST_WORKERS) test workers)"; \
+	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
