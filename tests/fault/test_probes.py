@@ -25,7 +25,7 @@ from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
 from turnlog.application.database import Database
-from turnlog.application.settings import Settings
+from turnlog.application.settings import Settings, schema_name
 
 pytestmark = pytest.mark.fault
 
@@ -93,7 +93,7 @@ def inserts_held(database: Database, namespace: str) -> Iterator[psycopg.Connect
     Before letting go, the backends still waiting on the lock are terminated:
     their client was killed meanwhile, and what it sent must not commit.
     """
-    table = sql.Identifier(f"turnlog_{namespace}", "sessions_events")
+    table = sql.Identifier(schema_name(namespace), "sessions_events")
     with psycopg.connect(database.conninfo) as conn:
         conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table))
         try:
@@ -101,7 +101,7 @@ def inserts_held(database: Database, namespace: str) -> Iterator[psycopg.Connect
         finally:
             waiting = conn.execute(
                 "SELECT pid FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
-                (f"turnlog_{namespace}.sessions_events",),
+                (f"{schema_name(namespace)}.sessions_events",),
             ).fetchall()
             for (pid,) in waiting:
                 conn.execute("SELECT pg_terminate_backend(%s)", (pid,))

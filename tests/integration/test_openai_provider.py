@@ -41,7 +41,7 @@ from turnlog.application.errors import LeaseLost
 from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
 from turnlog.application.reply_deltas import ReplyDelta
 from turnlog.application.runtime import Runtime
-from turnlog.application.settings import Settings
+from turnlog.application.settings import Settings, schema_name
 from turnlog.domain.progress import Decision
 from turnlog.domain.request import ModelRequest
 from turnlog.interface.bootstrap import build_runtime
@@ -97,12 +97,12 @@ def stored_rows(database: Database, namespace: str) -> list[bytes]:
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
         for table in ("sessions_events", "sessions_snapshots"):
             exists = conn.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", (f"turnlog_{namespace}.{table}",)
+                "SELECT to_regclass(%s) IS NOT NULL", (f"{schema_name(namespace)}.{table}",)
             ).fetchone()
             if not exists or not exists[0]:
                 continue
             query = sql.SQL("SELECT topic, state FROM {}.{}").format(
-                sql.Identifier(f"turnlog_{namespace}"), sql.Identifier(table)
+                sql.Identifier(schema_name(namespace)), sql.Identifier(table)
             )
             rows += [topic.encode() + bytes(state) for topic, state in conn.execute(query)]
     return rows

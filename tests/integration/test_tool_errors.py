@@ -40,7 +40,7 @@ def _tool(name: str, function: Any) -> FunctionTool:
 def _failed_error(database: Database, runtime: Runtime, session_id: Any) -> str:
     """The error of the session's ToolCallFailed event, from the raw stored payload."""
     query = sql.SQL("SELECT topic, state FROM {} WHERE originator_id = %s").format(
-        sql.Identifier(f"turnlog_{runtime.settings.namespace}", "sessions_events")
+        sql.Identifier(runtime.settings.schema_name, "sessions_events")
     )
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
         rows = conn.execute(query, (session_id,)).fetchall()
