@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import tuple_row
 
 from turnlog.application.errors import ConfigurationError, DatabaseUnavailable, InvalidNamespace
 from turnlog.application.settings import Settings, check_namespace, schema_name
@@ -96,6 +97,32 @@ def lock_key(*parts: str) -> int:
     """A signed 64-bit advisory lock key for the given names."""
     digest = hashlib.blake2b(":".join(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """The connection holding an advisory lock: its server pid and application_name."""
+
+    pid: int
+    application_name: str
+
+
+# A bigint advisory key shows in pg_locks as classid (high half) and objid
+# (low half), with objsubid 1. turnlog's advisory locks are exclusive: one
+# connection at most holds a key.
+_HOLDER = (
+    "SELECT l.pid, (SELECT a.application_name FROM pg_stat_activity a WHERE a.pid = l.pid)"
+    " FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    " AND l.classid::bigint = %s AND l.objid::bigint = %s"
+)
+
+
+def advisory_lock_holder(conn: psycopg.Connection[Any], key: int) -> LockHolder | None:
+    """Who holds the advisory lock ``key`` in this database now (None: no one)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(_HOLDER, ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
+    return None if row is None else LockHolder(int(row[0]), str(row[1] or ""))
 
 
 @contextmanager

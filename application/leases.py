@@ -38,7 +38,7 @@ from uuid import UUID
 
 import psycopg
 
-from turnlog.application.database import Database, connect, lock_key
+from turnlog.application.database import Database, advisory_lock_holder, connect, lock_key
 from turnlog.application.errors import ApplicationError, LeaseLost
 
 log = logging.getLogger("turnlog.leases")
@@ -46,18 +46,6 @@ log = logging.getLogger("turnlog.leases")
 RETAKE_INTERVAL = 0.5  # seconds between attempts to take a dropped lease back (server down)
 RETAKE_PATIENCE = 60.0  # seconds a step waits for its dropped lease before giving the turn up
 RETAKE_CONNECT_TIMEOUT = 2  # seconds (libpq's connect_timeout: whole seconds)
-
-# A bigint advisory key shows in pg_locks as classid (high half) and objid
-# (low half), with objsubid 1.
-_HELD = (
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1"
-)
-
-
-def _key_parts(key: int) -> tuple[int, int]:
-    return (key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF
 
 
 def session_lock_key(namespace: str, session_id: UUID | str) -> int:
@@ -166,13 +154,11 @@ class Lease:
         if self._conn.closed:
             return False
         try:
-            row = self._conn.execute(
-                _HELD + " AND pid = pg_backend_pid()", _key_parts(self.key)
-            ).fetchone()
+            holder = advisory_lock_holder(self._conn, self.key)
         except psycopg.Error:
             self._conn.close()
             return False
-        return bool(row and row[0])
+        return holder is not None and holder.pid == self._conn.info.backend_pid
 
     def _take_back(self) -> bool:
         """Lock again on a new connection; False while the server cannot be reached."""
@@ -385,6 +371,4 @@ _keeper = _Keeper()
 
 def owner_alive(conn: psycopg.Connection[Any], namespace: str, session_id: UUID) -> bool:
     """True when some live connection holds the session's lease (read-only check)."""
-    key = session_lock_key(namespace, session_id)
-    row = conn.execute(_HELD, _key_parts(key)).fetchone()
-    return bool(row and row[0])
+    return advisory_lock_holder(conn, session_lock_key(namespace, session_id)) is not None

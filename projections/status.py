@@ -10,29 +10,19 @@ from eventsourcing.persistence import Notification
 from psycopg import Connection, sql
 
 from turnlog.application import logorder
+from turnlog.application.database import advisory_lock_holder
 from turnlog.application.logorder import Place
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog
 from turnlog.projections.runner import projection_lock_key
 
-# A bigint advisory key shows in pg_locks as classid (high half) and objid
-# (low half), with objsubid 1.
-_HOLDER = (
-    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
-    " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-    " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND l.classid::bigint = %s AND l.objid::bigint = %s"
-)
-
 
 def lock_holder(conn: Connection[Any], namespace: str, name: str) -> str | None:
     """The application_name of the connection holding a read model's lock, or None."""
-    key = projection_lock_key(namespace, name)
-    row = conn.execute(_HOLDER, ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
-    if row is None:
+    holder = advisory_lock_holder(conn, projection_lock_key(namespace, name))
+    if holder is None:
         return None
-    holder = row["application_name"] if isinstance(row, dict) else row[0]
-    return str(holder) or "unknown"
+    return holder.application_name or "unknown"
 
 
 def projection_status(

@@ -22,7 +22,7 @@ from psycopg import sql
 
 from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
-from turnlog.application.database import Database
+from turnlog.application.database import Database, advisory_lock_holder
 from turnlog.application.leases import session_lock_key
 from turnlog.application.settings import Settings
 
@@ -164,12 +164,8 @@ class Cluster:
         """The server pid of the connection holding the session's lease."""
         key = session_lock_key(self.settings.namespace, session_id)
         with psycopg.connect(self.database.conninfo, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND classid::bigint = %s AND objid::bigint = %s AND objsubid = 1",
-                ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF),
-            ).fetchone()
-        return int(row[0]) if row else None
+            holder = advisory_lock_holder(conn, key)
+        return holder.pid if holder else None
 
     def terminate_backend(self, pid: int) -> None:
         with psycopg.connect(self.database.conninfo, autocommit=True) as conn:
