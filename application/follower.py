@@ -32,7 +32,7 @@ from turnlog.application import logorder
 from turnlog.application.database import Database, connect
 from turnlog.application.errors import ApplicationError
 from turnlog.application.logorder import LogPage, Place
-from turnlog.application.recorder import channel_of
+from turnlog.application.recorder import log_channel
 from turnlog.application.sessions import Sessions
 
 log = logging.getLogger("turnlog.follower")
@@ -79,7 +79,7 @@ class LogFollower:
 
     def __init__(self, sessions: Sessions, db: Database, *, poll_interval: float = 1.0) -> None:
         recorder: Any = sessions.recorder
-        self.channel = channel_of(recorder)
+        self.channel = log_channel(recorder)
         self._datastore = recorder.datastore
         self._table = logorder.table(self._datastore.schema, recorder.events_table_name)
         self._db = db

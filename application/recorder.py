@@ -46,20 +46,19 @@ from turnlog.application.errors import ApplicationError
 log = logging.getLogger("turnlog.recorder")
 
 
-def log_channel(schema: str, events_table: str) -> str:
-    """The NOTIFY channel of one namespace's log (channels are per database, not per schema)."""
-    name = f"{schema}.{events_table}"
+def log_channel(recorder: object) -> str:
+    """The NOTIFY channel of the log ``recorder`` writes: its writers notify it after commits.
+
+    Channels are per database, not per schema: the name holds both the
+    namespace's schema and the events table (shortened to PostgreSQL's 63 bytes).
+    """
+    if not isinstance(recorder, PostgresApplicationRecorder):
+        raise TypeError("notifications need the Sessions application on PostgreSQL")
+    name = f"{recorder.datastore.schema}.{recorder.events_table_name}"
     if len(name) <= 63:
         return name
     digest = hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
     return f"{name[:50]}~{digest}"
-
-
-def channel_of(recorder: object) -> str:
-    """The channel that ``recorder``'s writers notify after their commits."""
-    if not isinstance(recorder, PostgresApplicationRecorder):
-        raise TypeError("notifications need the Sessions application on PostgreSQL")
-    return recorder.channel_name
 
 
 class Notifier:
@@ -121,7 +120,7 @@ class TurnlogRecorder(PostgresApplicationRecorder):
     ) -> None:
         super().__init__(datastore, events_table_name=events_table_name)
         schema = self.datastore.schema
-        self.channel_name = log_channel(schema, self.events_table_name)
+        self.channel_name = log_channel(self)  # the library's own NOTIFY and LISTEN agree
         self.sql_create_statements.extend(
             logorder.migration_statements(schema, self.events_table_name)
         )

@@ -38,8 +38,6 @@ class EventLog:
         self.schema = self.datastore.schema
         self.events_table = recorder.events_table_name
         self.table = logorder.table(self.schema, self.events_table)
-        # The namespace's own channel; writers NOTIFY it after their commits.
-        self.channel = recorder.channel_name
 
     def read(self, after: Place, limit: int, stop: Place | None = None) -> LogPage:
         """Up to ``limit`` events past ``after`` (and up to ``stop``), in log order.
