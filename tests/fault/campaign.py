@@ -18,30 +18,50 @@ approval before side-effecting calls (``approval_policy``), and the client
 approves or rejects each proposed call at random; about one turn in
 ``CANCEL_ONE_IN`` is cancelled at a random moment. Each cancel and decision
 the API acknowledged must be in the session's record at the end.
+
+With ``probes`` every process runs with outcome probes on (``TURNLOG_PROBES``):
+a worker killed inside ``append_file`` leaves a call that recovery settles by
+asking the tool's probe (``application/settling.py``) instead of interrupting
+the turn. Random kills land mostly before the write (the call's delay), so
+one worker kill in ``AIM_ONE_IN`` is aimed after it: with inserts into the
+log held back (a table lock, as the restart demo does), the killer waits
+until a call of the victim has written its line, kills the victim, ends the
+victim's database sessions still waiting to insert, and lets go — the line
+is written, its result never recorded, and the probe must answer
+``applied``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
+from psycopg import sql
 
 from tests import deadlines
 from tests.conftest import turnlog
 from tests.deadlines import scaled
-from tests.fault.cluster import Cluster, Process, poll
+from tests.fault.cluster import Cluster, Process, poll, worker_pid
 from tests.fault.record import (
     EFFECTS_FILE,
+    ENDINGS,
+    PROBE_ACTOR,
+    SETTLED,
     Kill,
     Record,
+    Stored,
+    call_names,
     check,
     final_state,
     held_at,
@@ -57,6 +77,8 @@ FINISHED = {"completed", "failed", "interrupted", "abandoned", "cancelled"}
 RETRYABLE = {502, 503, 504}
 CANCEL_ONE_IN = 6  # about one turn in this many is cancelled by the client
 APPROVING_CLIENT = 3  # every third client's session asks approval of side-effecting calls
+AIM_ONE_IN = 3  # with probes on, one worker kill in this many is aimed after a write
+PROBED = frozenset({"append_file"})  # the tools whose probe recovery asks (probes on)
 
 
 def message_for(i: int) -> tuple[str, str, str]:
@@ -279,6 +301,58 @@ class Workload:
             self.operator["resolved"] += 1
 
 
+def _over(events: list[Stored], started: Stored, call_id: str) -> bool:
+    """Whether the call has an outcome on record, or its turn ended, after ``started``."""
+    return any(
+        e.version > started.version
+        and (e.topic in ENDINGS or (e.topic in SETTLED and str(e.payload["call_id"]) == call_id))
+        for e in events
+    )
+
+
+def client_ports(pid: int) -> set[int]:
+    """The local TCP ports of process ``pid``'s sockets (its database connections among them)."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[9] in inodes:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def end_backends(conninfo: str, ports: set[int]) -> int:
+    """End the server sessions whose client used one of ``ports``; how many there were.
+
+    Waits (up to 5 s each) until each is gone: an insert a killed process had
+    sent, waiting on a lock, must not commit once the lock is let go.
+    """
+    if not ports:
+        return 0
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"
+            " WHERE client_port = ANY(%s) AND pid <> pg_backend_pid()",
+            (sorted(ports),),
+        ).fetchall()
+    return len(rows)
+
+
 @dataclass
 class Round:
     kill: Kill
@@ -303,9 +377,15 @@ class Campaign:
         seed: int = 8,
         pause: tuple[float, float] = (0.3, 2.0),
         say: Callable[[str], None] = lambda line: None,
+        probes: bool = False,
     ) -> None:
         self.c = c
         self.say = say
+        self.probes = probes
+        self.env = {"TURNLOG_PROBES": "1"} if probes else {}  # for every process started
+        self.probed = PROBED if probes else frozenset()
+        self.aimed: list[str] = []  # how each kill aimed after a write went: hit | missed: …
+        self.loads: list[float] = []  # the 1-minute load average at each kill
         self.rng = random.Random(seed)
         self.pause = pause
         self.port = 0
@@ -329,19 +409,20 @@ class Campaign:
     # ------------------------------------------------------------ processes
 
     def start(self) -> None:
-        self.procs["api"] = self.c.api("api")
+        self.procs["api"] = self.c.api("api", 0, **self.env)
         self.port = int(self.c.api_url.rsplit(":", 1)[1])
-        self.procs["projections"] = self.c.projections()
+        self.procs["projections"] = self.c.projections(**self.env)
         for name in self.worker_names:
-            self.procs[name] = self.c.worker(name, "--concurrency", "4")
+            self.procs[name] = self.c.worker(name, "--concurrency", "4", **self.env)
         self.workload.start()
 
     def _restart(self, name: str) -> Process:
         if name == "api":
-            return self.c.start(f"api-{len(self.kills)}", *self._api_args())
+            return self.c.start(f"api-{len(self.kills)}", *self._api_args(), **self.env)
         if name == "projections":
-            return self.c.projections()
-        return self.c.start(f"{name}-{len(self.kills)}", "worker", "--concurrency", "4")
+            return self.c.projections(**self.env)
+        worker = f"{name}-{len(self.kills)}"
+        return self.c.start(worker, "worker", "--concurrency", "4", **self.env)
 
     def _api_args(self) -> list[str]:
         return ["serve", "--port", str(self.port), "--role", "api"]
@@ -386,10 +467,18 @@ class Campaign:
     def round(self, name: str) -> None:
         role = "worker" if name.startswith("worker") else name
         victim = self.procs[name]
-        victim.kill()  # returns once the process is gone
-        # Taken after the death: every event the victim wrote is stamped before it.
-        kill = Kill(time.time(), role, victim.pid)
+        worker_kills = sum(k.role == "worker" for k in self.kills)
+        aimed = role == "worker" and self.probes and worker_kills % AIM_ONE_IN == AIM_ONE_IN - 1
+        if aimed:
+            how, died = self._kill_after_a_write(victim)
+            self.aimed.append(how)
+        else:
+            victim.kill()  # returns once the process is gone
+            # Taken after the death: every event the victim wrote is stamped before it.
+            died = time.time()
+        kill = Kill(died, role, victim.pid)
         self.kills.append(kill)
+        self.loads.append(os.getloadavg()[0])
         replacement = self._restart(name)
         self.procs[name] = replacement
         poll(lambda: self._restored(name, replacement), self.deadline(60), f"{name} restored")
@@ -400,6 +489,7 @@ class Campaign:
             f"kill {len(self.kills)}: {name} pid {kill.pid}, restored in"
             f" {kill.restored_after:.1f}s, checked after {time.time() - kill.at:.1f}s;"
             f" held turns: {sorted(checked.outcome.values()) or 'none'}"
+            + (f"; aimed after a write: {self.aimed[-1]}" if aimed else "")
             + (f"; PROBLEMS: {checked.problems}" if checked.problems else "")
         )
 
@@ -407,21 +497,89 @@ class Campaign:
         held = held_at(self.record.refresh(), kill.pid, kill.at) if kill.role == "worker" else {}
 
         def settled() -> dict[str, str] | None:
-            outcome = recovered(self.record.refresh(), held, kill.at)
+            outcome = recovered(self.record.refresh(), held, kill.at, self.probed)
             return outcome if all(outcome.values()) else None
 
         try:
             recovery = "recovery of the dead worker's turns"
             outcome = poll(settled, self.deadline(60), recovery) if held else {}
         except AssertionError as exc:
-            outcome = recovered(self.record, held, kill.at)
+            outcome = recovered(self.record, held, kill.at, self.probed)
             return Round(kill, outcome, [str(exc)])
         problems = [f"{t}: {o}" for t, o in outcome.items() if o.startswith("WRONG")]
         # Acknowledged before the record is read: a turn acknowledged later may be newer.
         acknowledged = self._acknowledged()
-        findings = check(self.record.refresh(), acknowledged, self._killed_workers())
+        findings = check(
+            self.record.refresh(), acknowledged, self._killed_workers(), probed=self.probed
+        )
         problems += [f"{k}: {v}" for k, v in vars(findings).items() if v]
         return Round(kill, outcome, problems)
+
+    # ------------------------------------------------- a kill aimed after a write
+
+    def _kill_after_a_write(self, victim: Process) -> tuple[str, float]:
+        """SIGKILL ``victim`` after a side-effecting call of its wrote its line and before
+        the call's result is stored: 'hit', or why the kill missed that window; and the
+        time of the death (taken at once: a recovering worker's events, written while
+        the log is still held, are stamped after it).
+
+        Inserts into the namespace's log are held back (``LOCK TABLE … IN
+        EXCLUSIVE MODE``; reads go on) from before the line is written until
+        the victim is dead and its database sessions still waiting to insert
+        are ended; the other processes' inserts wait meanwhile, and go on.
+        """
+        table = sql.Identifier(self.c.settings.schema_name, "sessions_events")
+        try:
+            call = poll(
+                lambda: self._write_ahead(victim.pid), self.deadline(20), "a write in flight"
+            )
+        except AssertionError:
+            victim.kill()
+            return "missed: no side-effecting call of the victim in flight", time.time()
+        with psycopg.connect(self.c.database.conninfo) as conn:
+            conn.execute(sql.SQL("LOCK TABLE {} IN EXCLUSIVE MODE").format(table))
+            session_id, _, marker = call
+            root = self.c.settings.sandbox_root
+            if self._write_ahead(victim.pid) != call:
+                hit = "missed: the call ended before the log was held"
+            else:
+                try:
+                    deadlines.poll(
+                        lambda: marker_written(root, session_id, marker),
+                        self.deadline(20),
+                        "the line written",
+                        every=0.002,
+                    )
+                    hit = "hit"
+                except AssertionError:
+                    hit = "missed: the line was not written in time"
+            ports = client_ports(victim.pid)
+            victim.kill()
+            died = time.time()
+            end_backends(self.c.database.conninfo, ports)
+            conn.rollback()  # inserts go on
+        return hit if ports else f"{hit} (its database sessions not found: none ended)", died
+
+    def _write_ahead(self, pid: int) -> tuple[str, str, str] | None:
+        """(session id, call id, marker) of an ``append_file`` call the worker ``pid``
+        started, whose outcome is not stored and whose line is not written yet."""
+        record = self.record.refresh()
+        turns = record.by_turn()
+        root = self.c.settings.sandbox_root
+        for e in reversed(record.events[-500:]):
+            if e.topic != "ToolCallStarted" or e.payload["effect"] != "side_effecting":
+                continue
+            if worker_pid(str(e.payload["worker_id"])) != pid:
+                continue
+            call_id = str(e.payload["call_id"])
+            events = turns.get(str(e.payload["turn_id"]), [])
+            if _over(events, e, call_id):
+                continue
+            name, arguments = call_names(events).get(call_id, ("", {}))
+            marker = str(arguments.get("text", ""))
+            if name in PROBED and marker and not marker_written(root, e.session_id, marker):
+                return e.session_id, call_id, marker
+        return None
 
     def _acknowledged(self) -> list[str]:
         with self.workload.lock:
@@ -440,7 +598,9 @@ class Campaign:
         with self.workload.lock:
             markers = dict(self.workload.markers)
         acknowledged = self._acknowledged()
-        findings = check(self.record.refresh(), acknowledged, self._killed_workers(), markers)
+        findings = check(
+            self.record.refresh(), acknowledged, self._killed_workers(), markers, self.probed
+        )
         self.unrecorded = self.operator_actions_unrecorded()
         return self.figures(findings)
 
@@ -481,7 +641,7 @@ class Campaign:
             role: [k.restored_after for k in self.kills if k.role == role and k.restored_after]
             for role in ("api", "projections", "worker")
         }
-        return {
+        figures = {
             "kills": len(self.kills),
             "kills by role": {r: sum(k.role == r for k in self.kills) for r in restore},
             "turns acknowledged": len(states),
@@ -502,7 +662,8 @@ class Campaign:
             ),
             "operator actions not on record": len(self.unrecorded),
             "turns resumed after their worker died": outcomes.count("resumed"),
-            "turns interrupted (side-effecting call in flight)": outcomes.count("interrupted"),
+            "turns interrupted (side-effecting call in flight)": outcomes.count("interrupted")
+            + outcomes.count("probed: unknown"),
             "calls resolved by the operator": self.workload.operator["resolved"],
             "client requests retried (API down or restarting)": self.workload.retries,
             "lost": len(findings.lost),
@@ -513,12 +674,56 @@ class Campaign:
             "round problems": [p for r in self.rounds for p in r.problems][:20]
             + self.unrecorded[:20],
             "findings": findings.counts(),
+            "load average (1 min) at the kills, min / p50 / max": (
+                percentile(self.loads, 0.0),
+                percentile(self.loads, 0.5),
+                percentile(self.loads, 1.0),
+            ),
             "worker takeover latency p50 (s)": percentile(takeover, 0.5),
             "worker takeover latency max (s)": max(takeover, default=None),
             **{
                 f"{role} restored p50 / max (s)": (percentile(v, 0.5), percentile(v, 1.0))
                 for role, v in restore.items()
             },
+        }
+        if self.probes:
+            figures.update(self.probe_figures(findings, outcomes))
+        return figures
+
+    def probe_figures(self, findings: Any, outcomes: list[str]) -> dict[str, Any]:
+        """What the probes did: per kill round, on record, and against the interruptions."""
+        events = self.record.events
+        answers = Counter(str(e.payload["answer"]) for e in events if e.topic == "ToolCallProbed")
+        by_probe = Counter(
+            str(e.payload["outcome"])
+            for e in events
+            if e.topic == "ToolCallResolved" and str(e.payload["actor"]).startswith(PROBE_ACTOR)
+        )
+        interrupted = {str(e.payload["turn_id"]) for e in events if e.topic == "TurnInterrupted"}
+        unexplained = {i.split("/")[0] for i in findings.interrupted_without_unknown_probe}
+        in_flight = [o for o in outcomes if o == "interrupted" or o.startswith("probed")]
+        kinds = ("applied", "not_applied", "unknown")
+        return {
+            "probes": "on (TURNLOG_PROBES=1 in every process); probed tools: "
+            + ", ".join(sorted(self.probed)),
+            "worker kills aimed after a write / hit the window": (
+                len(self.aimed),
+                self.aimed.count("hit"),
+            ),
+            "side-effecting calls in flight at a worker kill": len(in_flight),
+            "of them settled by the probe, per round (applied / not_applied / unknown)": tuple(
+                outcomes.count(f"probed: {k}") for k in kinds
+            ),
+            "probe answers on record (applied / not_applied / unknown)": tuple(
+                answers[k] for k in kinds
+            ),
+            "calls resolved by a probe (succeeded / failed)": (
+                by_probe["succeeded"],
+                by_probe["failed"],
+            ),
+            "turns interrupted (on record)": len(interrupted),
+            "of them after an unknown probe answer": len(interrupted - unexplained),
+            "interrupted without an unknown probe answer": len(unexplained),
         }
 
     def verify_with_cli(self) -> list[str]:

@@ -8,6 +8,13 @@ round and the whole record at the end (tests/fault/campaign.py and
 record.py); then ``turnlog audit ID --verify`` for every session and
 ``turnlog projections verify``. Prints one line per kill and the figures,
 writes them to ``.turnlog/chaos.json``, and exits 1 on any violation.
+
+``--probes`` runs every process with outcome probes on (``TURNLOG_PROBES=1``)
+and aims one worker kill in three after an ``append_file`` wrote its line
+(tests/fault/campaign.py); the figures (``.turnlog/chaos-probes.json``) add
+the probes' answers by kind. It also exits 1 when a turn was interrupted
+without an ``unknown`` probe answer for a probed tool's call, or when no
+probe ran at all.
 """
 
 from __future__ import annotations
@@ -35,8 +42,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--seed", type=int, default=8)
-    parser.add_argument("--json", type=Path, default=ROOT / ".turnlog" / "chaos.json")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--probes", action="store_true", help="every process with outcome probes on"
+    )
     args = parser.parse_args()
+    name = "chaos-probes.json" if args.probes else "chaos.json"
+    out: Path = args.json or ROOT / ".turnlog" / name
     url = os.environ.get("TURNLOG_TEST_DATABASE_URL")
     base = Settings(database_url=url) if url else Settings(data_dir=ROOT / ".turnlog" / "test")
     database = locate(base)
@@ -46,9 +58,14 @@ def main() -> int:
         data_dir=Path(tempfile.mkdtemp(prefix="turnlog-chaos-")),
         snapshot_interval=50,
     )
-    print(f"namespace {settings.namespace} on {database.describe()}; logs in {settings.data_dir}")
+    print(
+        f"namespace {settings.namespace} on {database.describe()}; logs in {settings.data_dir};"
+        f" probes {'on' if args.probes else 'off'}",
+        flush=True,
+    )
     c = Cluster(settings, database)
-    campaign = Campaign(c, seed=args.seed, say=lambda line: print(line, flush=True))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    campaign = Campaign(c, seed=args.seed, say=say, probes=args.probes)
     started = time.monotonic()
     try:
         campaign.start()
@@ -61,11 +78,12 @@ def main() -> int:
         drop_namespace(database, settings.namespace)
     figures["sessions verified (audit --verify, projections verify)"] = failures or "all passed"
     figures["elapsed (s)"] = round(time.monotonic() - started, 1)
+    figures["load average at the end (1, 5, 15 min)"] = tuple(round(x, 1) for x in os.getloadavg())
     print("\n| figure | value |\n|---|---|")
     for key, value in figures.items():
         print(f"| {key} | {value} |")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(figures, indent=2, default=str))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2, default=str))
     ok = (
         not failures
         and figures["lost"] == 0
@@ -73,6 +91,12 @@ def main() -> int:
         and figures["invariant violations"] == 0
         and figures["turns not finished"] == 0
     )
+    if args.probes:
+        ok = (
+            ok
+            and figures["interrupted without an unknown probe answer"] == 0
+            and sum(figures["probe answers on record (applied / not_applied / unknown)"]) > 0
+        )
     return 0 if ok else 1
 
 
