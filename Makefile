@@ -32,7 +32,10 @@ lint: $(STAMP)
 # Chromium for the browser ring when it can (root and apt-get); where it cannot, the
 # summary says loudly that the browser ring did not run. Each run ends with the ten
 # slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
+# Two test processes per CPU, at most four: the tests spend much of their time waiting on the
+# processes they start, and four on 2 cores keep both busy (the embedded server is given
+# room for their connections: tests/conftest.py).
+TEST_WORKERS ?= $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) * 2 )); [ $$n -gt 4 ] && n=4; echo $$n)
 PYTEST := $(BIN)/pytest --durations=10
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
