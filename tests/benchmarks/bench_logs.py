@@ -20,6 +20,7 @@ from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_n
 from tests.histories import bulk_history
 from turnlog.application import database
 from turnlog.application.database import Database
+from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.interface.bootstrap import open_sessions
@@ -105,7 +106,7 @@ class Baseline:
     def __init__(self, db: Database, settings: Settings, events: EventLog, stop: int) -> None:
         self.env = database.library_env(db, settings, create_table=True)
         self.stop = stop
-        self.count = events.count_after(0) - events.count_after(stop)
+        self.count = events.count_after(Place.start()) - events.count_after(events.place_of(stop))
         self.runs = 0
 
     def __call__(self, model: ReadModel) -> float:
@@ -134,7 +135,7 @@ def figure_5(db: Database, cfg: Config) -> Figure:
             seeding = time.monotonic()
             saved = bulk_history(events.sessions, size)
             seeding = time.monotonic() - seeding
-            total = events.count_after(0)
+            total = events.count_after(Place.start())
             baseline = Baseline(db, settings, events, _position_of(events, cap))
             for letter, model in zip("abc", read_models(), strict=True):
                 ours, theirs = interleave(

@@ -33,6 +33,7 @@ from psycopg import sql  # noqa: E402
 
 from tests.histories import bulk_history  # noqa: E402
 from turnlog.application import database  # noqa: E402
+from turnlog.application.logorder import Place  # noqa: E402
 from turnlog.application.sessions import Sessions  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
 from turnlog.interface.bootstrap import open_sessions  # noqa: E402
@@ -72,7 +73,7 @@ def main() -> int:
 
 def measure(model: ReadModel, events: EventLog, db: database.Database, settings: Settings) -> bool:
     head = events.head()
-    total = events.count_after(0)
+    total = events.count_after(Place.start())
     baseline = baseline_seconds(model, db, settings, head)
     ours = rebuild(events, db, settings.namespace, [model])
     base_rate, our_rate = total / baseline, ours.events / ours.seconds
