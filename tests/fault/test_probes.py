@@ -25,6 +25,7 @@ from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
 from turnlog.application.database import Database
+from turnlog.application.processes import GATE_NAME
 from turnlog.application.settings import Settings, schema_name
 
 pytestmark = pytest.mark.fault
@@ -78,6 +79,15 @@ def show(settings: Settings, session_id: str) -> dict[str, Any]:
 def first_turn(settings: Settings, session_id: str) -> dict[str, Any]:
     turns = show(settings, session_id)["turns"]
     return min(turns, key=lambda t: t["submitted_at"])  # type: ignore[no-any-return]
+
+
+def past_the_gate(pid: int) -> None:
+    """Wait until a recorded command runs: past turnlog's gate, whose argv is then gone.
+
+    A worker killed before that closes the gate, and the command never starts.
+    """
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    deadlines.poll(lambda: GATE_NAME.encode() not in cmdline.read_bytes(), 20.0, "the command")
 
 
 def kill(proc: subprocess.Popen[str]) -> None:
@@ -197,11 +207,11 @@ def test_a_probe_that_hangs_is_cut_at_its_timeout_and_the_turn_interrupted_with_
     proc = spawn(settings, "sessions", "send", session_id, "/tool charge {}", **env)
     try:
         wait_for(database, settings.namespace, "ToolCallProcessStarted")
+        pid = first_turn(settings, session_id)["tool_calls"][0]["processes"][0]["pid"]
+        past_the_gate(pid)
     finally:
         kill(proc)
     # The command outlived the worker: while it lives, no probe may run.
-    call = first_turn(settings, session_id)["tool_calls"][0]
-    pid = call["processes"][0]["pid"]
     blocked = run(settings, "sessions", "send", session_id, "after", TURNLOG_PROBES="1", **env)
     assert blocked.returncode == 3, blocked.stderr
     assert count(database, settings.namespace, "ToolCallProbed") == 0
@@ -218,10 +228,12 @@ def test_a_probe_that_hangs_is_cut_at_its_timeout_and_the_turn_interrupted_with_
     proc = spawn(settings, "sessions", "send", session_id, "/tool charge {}", **env)
     try:
         wait_for(database, settings.namespace, "ToolCallProcessStarted", 2)
+        second = [t for t in show(settings, session_id)["turns"] if t["tool_calls"]][-1]
+        pid = second["tool_calls"][0]["processes"][0]["pid"]
+        past_the_gate(pid)
     finally:
         kill(proc)
-    second = [t for t in show(settings, session_id)["turns"] if t["tool_calls"]][-1]
-    os.killpg(second["tool_calls"][0]["processes"][0]["pid"], signal.SIGKILL)
+    os.killpg(pid, signal.SIGKILL)
     hung = run(settings, "sessions", "send", session_id, "after", TURNLOG_PROBES="1", **env)
     assert hung.returncode == 3, hung.stderr
     turn = [t for t in show(settings, session_id)["turns"] if t["tool_calls"]][-1]
