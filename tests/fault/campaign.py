@@ -224,6 +224,7 @@ class Workload:
         decide its proposed calls, and cancel it at ``cancel_at`` if given."""
         path = f"/v1/sessions/{session_id}/turns/{turn_id}"
         chance = chance or random.Random(turn_id)
+        settled: set[tuple[str, ...]] = set()  # the unknown calls already settled
 
         def finished() -> bool:
             nonlocal cancel_at
@@ -232,7 +233,13 @@ class Workload:
                 cancel_at = None
                 self._cancel(http, session_id, turn_id, i)
             if turn["state"] == "interrupted":
-                self._settle(http, session_id, turn, marker, i)
+                # Settled once; then wait for what follows: abandoned, or (resolved) the
+                # turn run on by a worker — a next turn submitted before it ends is a 409.
+                unknown = tuple(sorted(turn["unknown_call_ids"]))
+                if unknown not in settled:
+                    settled.add(unknown)
+                    self._settle(http, session_id, turn, marker, i)
+                return False
             if turn["state"] == "awaiting_approval":
                 for call in turn["tool_calls"]:
                     if call["state"] == "proposed":
@@ -641,6 +648,8 @@ class Campaign:
             role: [k.restored_after for k in self.kills if k.role == role and k.restored_after]
             for role in ("api", "projections", "worker")
         }
+        events = self.record.events
+        interrupted = {str(e.payload["turn_id"]) for e in events if e.topic == "TurnInterrupted"}
         figures = {
             "kills": len(self.kills),
             "kills by role": {r: sum(k.role == r for k in self.kills) for r in restore},
@@ -664,6 +673,7 @@ class Campaign:
             "turns resumed after their worker died": outcomes.count("resumed"),
             "turns interrupted (side-effecting call in flight)": outcomes.count("interrupted")
             + outcomes.count("probed: unknown"),
+            "turns interrupted (on record)": len(interrupted),
             "calls resolved by the operator": self.workload.operator["resolved"],
             "client requests retried (API down or restarting)": self.workload.retries,
             "lost": len(findings.lost),
@@ -721,8 +731,7 @@ class Campaign:
                 by_probe["succeeded"],
                 by_probe["failed"],
             ),
-            "turns interrupted (on record)": len(interrupted),
-            "of them after an unknown probe answer": len(interrupted - unexplained),
+            "turns interrupted after an unknown probe answer": len(interrupted - unexplained),
             "interrupted without an unknown probe answer": len(unexplained),
         }
 
