@@ -34,8 +34,10 @@ lint: $(STAMP)
 # slowest tests and the total time. PYTEST_ARGS adds options (e.g. -x, -k NAME).
 # Two test processes per CPU, at most four: the tests spend much of their time waiting on the
 # processes they start, and four on 2 cores keep both busy (the embedded server is given
-# room for their connections: tests/conftest.py).
-TEST_WORKERS ?= $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) * 2 )); [ $$n -gt 4 ] && n=4; echo $$n)
+# room for their connections: tests/conftest.py). One per CPU (2 to 4) on a server named by
+# TURNLOG_TEST_DATABASE_URL, whose connection limit (100 by default) the tests leave alone.
+TEST_WORKERS ?= $(shell c=$$(nproc 2>/dev/null || echo 1); n=$$(( c * $(if $(TURNLOG_TEST_DATABASE_URL),1,2) )); \
+	[ $$n -gt 4 ] && n=4; [ $$n -lt 2 ] && n=2; echo $$n)
 PYTEST := $(BIN)/pytest --durations=10
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
