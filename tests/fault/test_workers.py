@@ -72,11 +72,13 @@ def append_call(path: str = "out.txt", delay: int = 5) -> str:
 
 
 def kill_worker_mid_append(c: Cluster, settings: Settings) -> tuple[str, str, str]:
-    workers = {p.pid: p for p in (c.worker("w1"),)}
+    # Both workers run before the turn is submitted: starting a process on a loaded
+    # machine can outlast the call, which then finished before the kill.
+    workers = {p.pid: p for p in (c.worker("w1"), c.worker("w2"))}
     session_id = c.new_session()
     turn_id = c.submit(session_id, append_call()).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 20, "the call started")
-    c.worker("w2")
+    assert "ToolCallSucceeded" not in c.topics(session_id)  # still in flight at the kill
     workers[worker_pid(holder(c, session_id, turn_id))].kill()
     died = time.monotonic()
     turn = poll(
