@@ -20,7 +20,9 @@ from tests.fault.cluster import cluster, poll, worker_pid
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
 
-APPEND = '/tool append_file {"path": "x.txt", "text": "t", "delay_seconds": 5}'
+# The calls wait before they write, long enough that the kill lands in the wait however
+# busy the machine (the kill ends it).
+APPEND = '/tool append_file {"path": "x.txt", "text": "t", "delay_seconds": 60}'
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ def expect_blocked(page: Page, b: Blocked) -> Locator:
     expect(call).to_contain_text("append_file")
     expect(call).to_contain_text(b.call_id)
     expect(call.locator("pre.json")).to_contain_text('"path": "x.txt"')
-    expect(call.locator("pre.json")).to_contain_text('"delay_seconds": 5')
+    expect(call.locator("pre.json")).to_contain_text('"delay_seconds": 60')
     expect(call.locator(".facts")).to_contain_text(
         re.compile(r"Started\s*\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
     )

@@ -67,7 +67,9 @@ def test_a_second_worker_resumes_a_turn_whose_worker_died_during_a_model_step(
     assert c.turn(session_id, turn_id)["reply"] == "Echo: hello"
 
 
-def append_call(path: str = "out.txt", delay: int = 5) -> str:
+def append_call(path: str = "out.txt", delay: int = 60) -> str:
+    # The call waits ``delay`` s before it writes: long enough that the kill lands in the
+    # wait however busy the machine (it never runs out: its worker dies in it).
     return f'/tool append_file {{"path": "{path}", "text": "written", "delay_seconds": {delay}}}'
 
 
