@@ -54,6 +54,8 @@ def kill_mid_append(settings: Settings, database: Database) -> str:
             30,
             "the call started",
         )
+        # Inside append_file: its sandbox is made after the call's start is recorded.
+        poll(lambda: (settings.sandbox_root / session_id).is_dir(), 30, "the call's sandbox")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
