@@ -83,6 +83,9 @@ class CancelWatch:
                 if self._check():
                     return
             except Exception:  # a failed look is retried at the next tick
+                if self.sessions.closed:  # the process stops: its turns are left to recovery
+                    log.debug("cancel watch of %s ends: the process is stopping", self.call_id)
+                    return
                 log.warning("checking for a cancel request failed", exc_info=True)
 
     def _check(self) -> bool:

@@ -400,6 +400,12 @@ class Sessions(Application[UUID]):
             session_id, lambda s: s.resolve_tool_call(call_id, outcome, result, note, actor)
         )
 
+    closed = False  # set by close(): the process is stopping and its pool is gone
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
     def close_session(self, session_id: UUID, reason: str, actor: str) -> Written:
         """Close a session; it takes no more turns."""
         return self.update(session_id, lambda s: s.close(reason, actor))[1]

@@ -4,7 +4,7 @@ for a stop signal."""
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -85,13 +85,41 @@ def run(ctx: typer.Context, action: Callable[[Runtime], T]) -> T:
         return action(root.runtime())
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, for long-running commands to wait on."""
-    stop = threading.Event()
+class SignalStop:
+    """Set by SIGTERM or SIGINT, for a long-running command's main thread to wait on.
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+    The handler only flips a flag. It must take no lock: it runs in the main
+    thread between two bytecodes, possibly while that thread holds the very lock
+    (a ``threading.Event``'s, say) the handler would need, which hangs the process
+    for good. And a blocking wait is not woken by a signal the kernel hands to
+    another thread, so ``wait`` looks at the flag at least every ``TICK`` seconds.
+    """
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    TICK = 0.2
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def is_set(self) -> bool:
+        return self.signum is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until a stop signal came (True) or ``timeout`` seconds passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.signum is None:
+            left = self.TICK if deadline is None else min(self.TICK, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            time.sleep(left)
+        return True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+
+def stop_on_signals() -> SignalStop:
+    """A stop that SIGTERM or SIGINT sets, for long-running commands to wait on."""
+    stop = SignalStop()
+    signal.signal(signal.SIGTERM, stop._on_signal)
+    signal.signal(signal.SIGINT, stop._on_signal)
     return stop

@@ -84,6 +84,7 @@ class TurnWaits:
         self._ending_only: set[asyncio.Event] = set()  # waiters woken by ENDING events only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: LogFollower | None = None
+        self.woken = 0  # waiters woken so far, each to read its session again
 
     def attach(self, follower: LogFollower, loop: asyncio.AbstractEventLoop) -> None:
         """Be told by ``follower`` about new events; wake-ups run on ``loop``."""
@@ -164,5 +165,6 @@ class TurnWaits:
     def _wake(self, session_ids: list[UUID], ended: set[UUID]) -> None:
         for session_id in session_ids:
             for event in self._waiters.get(session_id, ()):
-                if session_id in ended or event not in self._ending_only:
+                if (session_id in ended or event not in self._ending_only) and not event.is_set():
                     event.set()
+                    self.woken += 1
