@@ -10,12 +10,20 @@ forced — the watcher sets the call's ``stop`` event (tools that wait, wait on
 it) and kills the process groups recorded for the attempt. The executor then
 records the call as stopped instead of whatever the tool returns. A
 ``side_effecting`` call is otherwise left to finish (bounded by its timeout).
+
+One thread per process (``Watcher``) looks at every running call in turn,
+so a call costs no thread of its own: starting and joining one per call
+cost two scheduling hops per tool call, which a loaded machine made
+milliseconds. The version the watch starts from is the one the call's
+start was saved at, so a cancel recorded in between is seen at the first
+look.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 from types import TracebackType
 from uuid import UUID
@@ -33,8 +41,54 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+class Watcher:
+    """The one thread that looks at the running calls' sessions, each at its own interval."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._watches: set[CancelWatch] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, watch: CancelWatch) -> None:
+        with self._cond:
+            self._watches.add(watch)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="turnlog-cancel-watch", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, watch: CancelWatch) -> None:
+        with self._cond:
+            self._watches.discard(watch)
+
+    @property
+    def watching(self) -> int:
+        return len(self._watches)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [w for w in self._watches if w.next_look <= now]
+                if not due:
+                    soonest = min((w.next_look for w in self._watches), default=None)
+                    self._cond.wait(None if soonest is None else soonest - now)
+                    continue
+            for watch in due:  # outside the lock: a look is a database read
+                watch.look()
+
+
+WATCHER = Watcher()
+
+
 class CancelWatch:
-    """Watches one running attempt of a tool call; ``killed`` says it was stopped."""
+    """Watches one running attempt of a tool call; ``killed`` says it was stopped.
+
+    ``version``: the session's version when the call's start was saved (read
+    from the database when not given).
+    """
 
     def __init__(
         self,
@@ -47,6 +101,8 @@ class CancelWatch:
         stop: threading.Event,
         deadline_at: datetime | None,
         interval: float = POLL_SECONDS,
+        version: int | None = None,
+        watcher: Watcher = WATCHER,
     ) -> None:
         self.sessions = sessions
         self.session_id = session_id
@@ -58,14 +114,17 @@ class CancelWatch:
         self.deadline_at = deadline_at
         self.interval = interval
         self.killed = False
-        self._done = threading.Event()
-        self._version = -1
+        self.next_look = time.monotonic() + interval
+        self._watcher = watcher
+        self._lock = threading.Lock()  # a look in progress finishes before the watch ends
+        self._ended = False
+        self._version = -1 if version is None else version
         self._due_seen = False
-        self._thread = threading.Thread(target=self._run, name="turnlog-cancel-watch", daemon=True)
 
     def __enter__(self) -> CancelWatch:
-        self._version = self.sessions.version_of(self.session_id)
-        self._thread.start()
+        if self._version < 0:
+            self._version = self.sessions.version_of(self.session_id)
+        self._watcher.add(self)
         return self
 
     def __exit__(
@@ -74,19 +133,34 @@ class CancelWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._done.set()
-        self._thread.join()
+        with self._lock:
+            self._ended = True
+        self._watcher.remove(self)
 
-    def _run(self) -> None:
-        while not self._done.wait(self.interval):
+    @property
+    def ended(self) -> bool:
+        """The watch looks no more: its call ended, was stopped, or its process stops."""
+        return self._ended
+
+    def look(self) -> None:
+        """One look (on the watcher's thread); the watch ends when its call was stopped."""
+        with self._lock:
+            if self._ended:
+                return
+            self.next_look = time.monotonic() + self.interval
             try:
-                if self._check():
-                    return
+                finished = self._check()
             except Exception:  # a failed look is retried at the next tick
-                if self.sessions.closed:  # the process stops: its turns are left to recovery
-                    log.debug("cancel watch of %s ends: the process is stopping", self.call_id)
+                if not self.sessions.closed:
+                    log.warning("checking for a cancel request failed", exc_info=True)
                     return
-                log.warning("checking for a cancel request failed", exc_info=True)
+                # The process stops: its turns are left to recovery.
+                log.debug("cancel watch of %s ends: the process is stopping", self.call_id)
+                finished = True
+            if finished:
+                self._ended = True
+        if finished:
+            self._watcher.remove(self)
 
     def _check(self) -> bool:
         """Look once; True when the call was stopped (nothing more to watch)."""

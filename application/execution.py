@@ -98,23 +98,31 @@ class Executor:
         turn_id: str,
         lease: LeaseCheck | None = None,
         stop: threading.Event | None = None,
+        session: Session | None = None,
     ) -> Turn:
         """Claim the turn and run it until it completes, fails or is interrupted.
 
         When ``stop`` is set (a draining worker), the loop returns after the
         step in progress; the turn stays running without an owner, and whoever
-        takes the lease next resumes it from the stored events.
+        takes the lease next resumes it from the stored events. ``session``:
+        the session as the caller just read it, which saves the claim a
+        reload (a stale one costs a conflict and a reload, nothing more).
         """
         # Every line logged while the turn runs (the driver's included) names it.
         with bound(session_id=session_id, turn_id=turn_id, worker_id=self.worker_id):
-            return self._run(session_id, turn_id, lease or Unleased(), stop)
+            return self._run(session_id, turn_id, lease or Unleased(), stop, session)
 
     def _run(
-        self, session_id: UUID, turn_id: str, lease: LeaseCheck, stop: threading.Event | None
+        self,
+        session_id: UUID,
+        turn_id: str,
+        lease: LeaseCheck,
+        stop: threading.Event | None,
+        current: Session | None,
     ) -> Turn:
         lease.check()
         (claim, session), _ = self.sessions.update(
-            session_id, lambda s: (s.claim_turn(turn_id, self.worker_id), s)
+            session_id, lambda s: (s.claim_turn(turn_id, self.worker_id), s), current=current
         )
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
@@ -145,10 +153,12 @@ class Executor:
         stop: threading.Event | None,
     ) -> Turn:
         session_id = session.id
+        turn: Turn | None = None
         while True:
             if not session.turn_state(turn_id).is_open:
-                # The session keeps only a summary of a finished turn: read it back.
-                turn = self.sessions.turn_record(session_id, turn_id)[1]
+                if turn is None:
+                    # The session keeps only a summary of a finished turn: read it back.
+                    turn = self.sessions.turn_record(session_id, turn_id)[1]
                 self._report_end(turn)
                 return turn
             session = self._cancel_expired_followups(session)
@@ -157,9 +167,15 @@ class Executor:
             if step.action is Action.WAIT or (stop is not None and stop.is_set()):
                 self._report_end(turn)
                 return turn
+            held = session
             session = self._take(
                 session, turn, claim, step.action, step.call_id, step.reason, lease
             )
+            if session is not held:
+                # Reloaded on the way (a conflict, then a retry): the turn we held is not
+                # the one saved. Otherwise the step's events were applied to it in place,
+                # so when they ended it, it is the finished turn in full.
+                turn = None
 
     def needs_approval(self, session: Session, call: ToolCall) -> bool:
         """Whether ``call`` must wait for an operator before it starts.
@@ -371,6 +387,7 @@ class Executor:
             context.stop,
             session.turn(turn_id).deadline_at,
             self.cancel_poll,
+            version=session.version,
         )
         with watch:
             outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)

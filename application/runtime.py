@@ -157,7 +157,7 @@ class Runtime:
             self.executor.observer.turn_ended("cancelled")
             self.executor.observer.turn_cancelled(cancel_kind(reason))
         elif not verdict.decision.startswith("leave"):
-            self.executor.run_turn(session_id, turn.turn_id, lease, stop)
+            self.executor.run_turn(session_id, turn.turn_id, lease, stop, session=session)
         return verdict
 
     def probed_tools(self) -> frozenset[str]:

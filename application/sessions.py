@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
@@ -34,6 +34,7 @@ from turnlog.domain.turns import CallState, FinishedTurn, Step, ToolCall, Turn, 
 
 T = TypeVar("T")
 EARLIER_CACHE_SIZE = 64
+SAVED_KEPT_MAX = 1000  # events kept per cached session between two requests
 # Re-decisions allowed to a command that races a running turn's writes (a
 # follow-up, a cancel, an approval): each is one reload and one short save.
 CONTENDED_ATTEMPTS = 8  # sessions whose earlier turns this process keeps rebuilt
@@ -73,6 +74,9 @@ class Sessions(Application[UUID]):
         self.snapshot_keep = max(1, snapshot_keep)
         self._earlier_cache: dict[UUID, tuple[int, int, Session]] = {}
         self._earlier_lock = threading.Lock()
+        # Events this process saved since a cached session's last read, in unbroken
+        # version order: the next request applies them instead of reading them back.
+        self._saved_since: dict[UUID, list[Any]] = {}
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
@@ -247,18 +251,36 @@ class Sessions(Application[UUID]):
         """
         with self._earlier_lock:
             hit = self._earlier_cache.pop(session_id, None)
+            saved = self._saved_since.pop(session_id, [])
             if hit is not None and hit[0] == first and hit[1] <= last:
                 earlier = hit[2]
-                new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
+                new: Iterable[Any] | None = _between(saved, hit[1], last)
+                if new is None:  # not all saved here since: read them
+                    new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
                 for event in new:
                     if not isinstance(event, Session.Started):
                         cast(Any, event).apply(earlier)
             else:
                 earlier = self.replay_range(session_id, first, last)
             self._earlier_cache[session_id] = (first, last, earlier)
+            self._saved_since[session_id] = [e for e in saved if e.originator_version > last]
             while len(self._earlier_cache) > EARLIER_CACHE_SIZE:
-                self._earlier_cache.pop(next(iter(self._earlier_cache)))
+                evicted = next(iter(self._earlier_cache))
+                self._earlier_cache.pop(evicted)
+                self._saved_since.pop(evicted, None)
             return earlier
+
+    def _saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+        """Keep what this process just saved of a session whose earlier turns are cached."""
+        with self._earlier_lock:
+            if session_id not in self._earlier_cache or not events:
+                return
+            kept = self._saved_since.setdefault(session_id, [])
+            if kept and kept[-1].originator_version + 1 != events[0].originator_version:
+                kept.clear()  # another process wrote in between: the next request reads
+            kept.extend(events)
+            if len(kept) > SAVED_KEPT_MAX:
+                kept.clear()
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries.
@@ -434,6 +456,7 @@ class Sessions(Application[UUID]):
             result = decide(session)
             if not session.pending_events:
                 return result, Written(session.id, session.version, None)
+            pending = list(session.pending_events)
             try:
                 recordings = self.save(session)
             except IntegrityError:
@@ -442,6 +465,7 @@ class Sessions(Application[UUID]):
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
                 continue
+            self._saved(session.id, pending)
             position = recordings[-1].notification.id
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
@@ -452,6 +476,16 @@ class Sessions(Application[UUID]):
             start=None, limit=limit, topics=[Session.Started.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
+
+
+def _between(events: list[Any], after: int, upto: int) -> list[Any] | None:
+    """The events with versions ``after+1..upto``, if ``events`` hold all of them."""
+    if after >= upto:
+        return []
+    chosen = [e for e in events if after < e.originator_version <= upto]
+    if len(chosen) != upto - after or chosen[0].originator_version != after + 1:
+        return None
+    return chosen
 
 
 def _span(entries: Sequence[list[Any]]) -> tuple[int, int]:

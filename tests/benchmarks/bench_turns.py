@@ -23,6 +23,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+from eventsourcing.application import Application  # noqa: E402
+from eventsourcing.domain import Aggregate, event  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from turnlog.application.database import Database, locate  # noqa: E402
@@ -130,6 +132,63 @@ def raw_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None) ->
         for _ in range(turns):
             turn()
         return time.perf_counter() - start
+
+
+# ------------------------------------------------- the library's own ceiling
+
+
+class Bare(Aggregate):
+    """An aggregate with one kind of event and no rules: the library's cost, nothing more."""
+
+    @event("Stepped")
+    def step(self, data: str) -> None:
+        self.last = data
+
+
+class Library(Application[uuid.UUID]):
+    name = "LibraryCeiling"
+
+
+def library_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None) -> float:
+    """The same turn through the eventsourcing library alone: an aggregate, same commit points.
+
+    One ``Application.save`` per durable step of a bare aggregate whose events
+    carry payloads of the baseline's sizes, on the library's own PostgreSQL
+    recorder (its defaults: no pre-ping). No turnlog code runs: this is what any
+    runtime built on the library pays at these commit points, a ceiling for
+    figure 1's ratio.
+    """
+    params = psycopg.conninfo.conninfo_to_dict(db_conninfo)
+    env = {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
+        "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
+        "POSTGRES_PORT": str(params.get("port", 5432)),
+        "POSTGRES_USER": str(params.get("user", "postgres")),
+        "POSTGRES_PASSWORD": str(params.get("password", "")),
+        "POSTGRES_SCHEMA": schema,
+        "POSTGRES_POOL_SIZE": "1",
+    }
+    app = Library(env=env)
+    try:
+        aggregate = Bare()
+        app.save(aggregate)
+
+        def turn() -> None:
+            for step in STEP_PAYLOADS:
+                for size in step:
+                    aggregate.step("x" * size)
+                app.save(aggregate)
+
+        turn()  # warm-up
+        if barrier is not None:
+            barrier.wait()
+        start = time.perf_counter()
+        for _ in range(turns):
+            turn()
+        return time.perf_counter() - start
+    finally:
+        app.close()
 
 
 # ------------------------------------------------------------ processes

@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from turnlog.application.cancel_watch import CancelWatch
+from tests.fault.cluster import poll
+from turnlog.application.cancel_watch import CancelWatch, Watcher
 from turnlog.application.settings import Settings
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime
@@ -18,13 +19,24 @@ def test_a_watch_whose_process_closed_its_pool_ends_without_a_traceback(
 ) -> None:
     rt = build_runtime(settings)
     session_id = rt.sessions.create_session().session_id
+    watcher = Watcher()
     watch = CancelWatch(
-        rt.sessions, session_id, "t-1", "c-1", 1, Effect.READ_ONLY, threading.Event(), None, 0.01
+        rt.sessions,
+        session_id,
+        "t-1",
+        "c-1",
+        1,
+        Effect.READ_ONLY,
+        threading.Event(),
+        None,
+        0.01,
+        watcher=watcher,
     )
     caplog.set_level(logging.DEBUG, logger="turnlog.execution")
     with watch:
+        assert watcher.watching == 1
         rt.close()  # as a stopping process does while a call still runs
-        watch._thread.join(timeout=60)  # the watch ends by itself once it sees the close
-        assert not watch._thread.is_alive()
+        poll(lambda: watch.ended, 60, "the watch ends once it sees the close")
+        assert watcher.watching == 0
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert "the process is stopping" in caplog.text

@@ -218,7 +218,11 @@ def _kill_mid_call(
 
         def started() -> bool:
             topics = [r[3] for r in raw_events(database, settings.namespace, UUID(session_id))]
-            return "turnlog.session.ToolCallProcessStarted.v1" in topics
+            if "turnlog.session.ToolCallProcessStarted.v1" not in topics:
+                return False
+            # slow_read marks as it begins: wait until the call really runs, since its
+            # process is recorded before it has imported anything (a slow start under load).
+            return tool != "slow_read" or (marker.exists() and "ran" in marker.read_text())
 
         eventually(started, deadline=60)
     finally:

@@ -216,3 +216,19 @@ def _env(rt: Runtime) -> dict[str, str]:
     from turnlog.application.database import library_env
 
     return library_env(rt.db, rt.settings, create_table=False)
+
+
+@pytest.mark.parametrize(
+    "message",
+    ['/tool echo {"text": "ping"}', "hello", '/tool no_such_tool {"x": 1}'],
+    ids=["tool call", "plain reply", "failed"],
+)
+def test_the_turn_a_run_returns_equals_its_stored_record(runtime: Runtime, message: str) -> None:
+    # The run hands back the turn object its last step finished in memory, not a read of
+    # the record: the two must not differ in anything.
+    session = new_session(runtime)
+    for _ in range(3):
+        submitted = runtime.sessions.submit_turn(session.id, message)
+        ran = runtime.executor.run_turn(session.id, submitted.turn_id)
+        assert not ran.state.is_open
+        assert ran == runtime.sessions.turn_record(session.id, submitted.turn_id)[1]
