@@ -249,19 +249,22 @@ class Sessions(Application[UUID]):
         serve the next: only the events after the last one read are fetched
         (the window moves forward, never back, unless it starts elsewhere).
         """
+        # Taken out while in use, so that the reads below hold no lock: every save of
+        # every session passes through ``_saved``.
         with self._earlier_lock:
             hit = self._earlier_cache.pop(session_id, None)
             saved = self._saved_since.pop(session_id, [])
-            if hit is not None and hit[0] == first and hit[1] <= last:
-                earlier = hit[2]
-                new: Iterable[Any] | None = _between(saved, hit[1], last)
-                if new is None:  # not all saved here since: read them
-                    new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
-                for event in new:
-                    if not isinstance(event, Session.Started):
-                        cast(Any, event).apply(earlier)
-            else:
-                earlier = self.replay_range(session_id, first, last)
+        if hit is not None and hit[0] == first and hit[1] <= last:
+            earlier = hit[2]
+            new: Iterable[Any] | None = _between(saved, hit[1], last)
+            if new is None:  # not all saved here since: read them
+                new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
+            for event in new:
+                if not isinstance(event, Session.Started):
+                    cast(Any, event).apply(earlier)
+        else:
+            earlier = self.replay_range(session_id, first, last)
+        with self._earlier_lock:
             self._earlier_cache[session_id] = (first, last, earlier)
             self._saved_since[session_id] = [e for e in saved if e.originator_version > last]
             while len(self._earlier_cache) > EARLIER_CACHE_SIZE:
