@@ -158,18 +158,7 @@ def library_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None
     runtime built on the library pays at these commit points, a ceiling for
     figure 1's ratio.
     """
-    params = psycopg.conninfo.conninfo_to_dict(db_conninfo)
-    env = {
-        "PERSISTENCE_MODULE": "eventsourcing.postgres",
-        "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
-        "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
-        "POSTGRES_PORT": str(params.get("port", 5432)),
-        "POSTGRES_USER": str(params.get("user", "postgres")),
-        "POSTGRES_PASSWORD": str(params.get("password", "")),
-        "POSTGRES_SCHEMA": schema,
-        "POSTGRES_POOL_SIZE": "1",
-    }
-    app = Library(env=env)
+    app = Library(env={**library_env(db_conninfo, schema), "CREATE_TABLE": "no"})
     try:
         aggregate = Bare()
         app.save(aggregate)
@@ -189,6 +178,26 @@ def library_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None
         return time.perf_counter() - start
     finally:
         app.close()
+
+
+def library_setup(db: Database, schema: str) -> None:
+    """The schema and the library's tables, made once before processes share them."""
+    raw_setup(db, schema)
+    Library(env=library_env(db.conninfo, schema)).close()
+
+
+def library_env(db_conninfo: str, schema: str) -> dict[str, str]:
+    params = psycopg.conninfo.conninfo_to_dict(db_conninfo)
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.postgres",
+        "POSTGRES_DBNAME": str(params.get("dbname", "postgres")),
+        "POSTGRES_HOST": str(params.get("host", "127.0.0.1")),
+        "POSTGRES_PORT": str(params.get("port", 5432)),
+        "POSTGRES_USER": str(params.get("user", "postgres")),
+        "POSTGRES_PASSWORD": str(params.get("password", "")),
+        "POSTGRES_SCHEMA": schema,
+        "POSTGRES_POOL_SIZE": "1",
+    }
 
 
 # ------------------------------------------------------------ processes
