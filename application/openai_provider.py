@@ -38,16 +38,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-import httpx
 from pydantic import SecretStr
 
 from turnlog.application.providers import ModelReply, ProviderError
 from turnlog.application.reply_deltas import ReplySink, current_sink
 from turnlog.application.tools import ToolSpec
 from turnlog.domain.request import Message, ModelRequest
+
+if TYPE_CHECKING:  # imported on first use: every turnlog command would pay for it
+    import httpx
 
 log = logging.getLogger("turnlog.providers.openai")
 
@@ -108,6 +110,8 @@ class OpenAIProvider:
     # ------------------------------------------------------------------ HTTP
 
     def _client_once(self) -> httpx.Client:
+        import httpx
+
         with self._lock:
             if self._client is None:
                 self._client = httpx.Client(
@@ -120,6 +124,8 @@ class OpenAIProvider:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _post(self, body: dict[str, Any], sink: ReplySink) -> ModelReply:
+        import httpx
+
         client = self._client_once()
         attempts = self.config.max_retries + 1
         for attempt in range(1, attempts + 1):
