@@ -44,7 +44,7 @@ from turnlog.interface.terminal import (
 )
 from turnlog.projections import ReadModels, read_models
 from turnlog.projections import audit as audits
-from turnlog.projections.rebuild import rebuild, verify
+from turnlog.projections.rebuild import HORIZON_WAIT, rebuild, verify
 from turnlog.projections.status import describe_horizon
 
 T = TypeVar("T")
@@ -162,11 +162,26 @@ def projections_rebuild(
     name: NameArgument = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Events per transaction.")] = 2000,
     wait: Annotated[float, typer.Option(min=0, help="Wait this long for runners (s).")] = 0.0,
+    horizon_wait: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Wait this long for events held back by an older open transaction (s);"
+            " past it, the runners fold them once it ends.",
+        ),
+    ] = HORIZON_WAIT,
 ) -> None:
     """Rebuild read models from position 0, holding their runner locks."""
     with refusals():
         models = read_models(name)
     bar = _ProgressBar()
+    told = [0.0]
+
+    def held(holder: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now - told[0] >= HELD_NOTICE:
+            told[0] = now
+            err.print(f"waiting for events held back: {_holder_text(holder)}")
 
     def act(rt: Runtime, read: ReadModels) -> Any:
         with bar:
@@ -178,6 +193,8 @@ def projections_rebuild(
                 batch_size=batch_size,
                 wait=wait,
                 progress=bar.update,
+                horizon_wait=horizon_wait,
+                held=held,
             )
 
     started = time.monotonic()
@@ -185,6 +202,22 @@ def projections_rebuild(
     out.print(
         f"rebuilt {', '.join(done.names)}: {done.events} events to position {done.position} "
         f"in {time.monotonic() - started:.2f}s ({done.events_per_second:,.0f} events/s)"
+    )
+    if done.held_back:
+        err.print(
+            f"[bold]not at the head:[/] {done.held_back} event(s) committed before the rebuild"
+            f" are still held back ({_holder_text(done.holder)}); the runners fold them when"
+            " that transaction ends"
+        )
+
+
+HELD_NOTICE = 5.0  # seconds between two "waiting for events held back" lines
+
+
+def _holder_text(holder: dict[str, Any]) -> str:
+    """The horizon's holder as ``describe_horizon`` words it for a status row."""
+    return describe_horizon(
+        {"horizon_age_seconds": holder.get("age_seconds"), "horizon_pid": holder.get("pid")}
     )
 
 

@@ -5,9 +5,12 @@ resets each view (rows and position deleted in one transaction; the
 tracking table is never truncated), then folds the log in batches: many
 events per transaction and one tracking update per batch. It reads the log
 in its order and below the commit horizon, up to the head's place when it
-started (events committed later, or held back by an older transaction, are
-left to the runners). A standby runner takes over from the rebuilt place
-when the locks are released.
+started (events committed later are left to the runners). Events committed
+before it started but held back by an older transaction still running (any
+client of the server) are waited for, up to ``horizon_wait`` seconds, saying
+who holds them; past that the rebuild stops short and says so, and the
+runners fold the rest once the transaction ends. A standby runner takes over
+from the rebuilt place when the locks are released.
 
 Verify folds the log in memory up to each read model's position, with the
 same projection code, and compares the result with the live table row by
@@ -37,6 +40,10 @@ REBUILD_BATCH = 2000
 VERIFY_BATCH = 5000
 
 Progress = Callable[[int, int], None]
+Held = Callable[[dict[str, Any]], None]  # told who holds the horizon back while it waits
+
+HORIZON_WAIT = 60.0  # longest wait for events held back by an older transaction (s)
+HORIZON_POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,10 @@ class Rebuilt:
     events: int
     position: int  # of the last event folded
     seconds: float
+    # Events committed before the start, still held back past the horizon when the
+    # wait ran out (0: the rebuild reached the head it started from).
+    held_back: int = 0
+    holder: dict[str, Any] = field(default_factory=dict)
 
     @property
     def events_per_second(self) -> float:
@@ -102,10 +113,13 @@ def rebuild(
     batch_size: int = REBUILD_BATCH,
     wait: float = 0.0,
     progress: Progress | None = None,
+    horizon_wait: float = HORIZON_WAIT,
+    held: Held | None = None,
 ) -> Rebuilt:
     """Reset ``models`` and fold the whole log into them again, in batches."""
     started = time.monotonic()
     report = progress or (lambda done, total: None)
+    holder: dict[str, Any] = {}
     create_tables(db, events, models)
     with holding_locks(db, namespace, models, wait):
         views = [model.postgres_view(events.datastore) for model in models]
@@ -119,17 +133,38 @@ def rebuild(
         done = 0
         place = Place.start()
         report(done, total)
+        waiting_since: float | None = None
         while place < head:
             page = events.read(place, batch_size, stop=head)
+            if not page.records and not page.pending:
+                break  # nothing left below the head (defensive: the head is committed)
             if not page.records:
-                break  # the rest waits past the horizon: the runners will fold it
+                # Committed before we began, held back by an older transaction: wait.
+                now = time.monotonic()
+                waiting_since = now if waiting_since is None else waiting_since
+                holder = events.horizon()
+                if now - waiting_since >= horizon_wait:
+                    break  # left to the runners, and said so
+                if held is not None:
+                    held(holder)
+                time.sleep(HORIZON_POLL)
+                continue
+            waiting_since, holder = None, {}
             pairs = events.decode(page.records)
             for view, projection in workers:
                 fold_batch(view, projection, place, pairs)
             place = page.records[-1][0]
             done += len(page)
             report(done, max(total, done))
-    return Rebuilt([m.name for m in models], done, place.position, time.monotonic() - started)
+        held_back = events.count_after(place) - events.count_after(head) if place < head else 0
+    return Rebuilt(
+        [m.name for m in models],
+        done,
+        place.position,
+        time.monotonic() - started,
+        held_back,
+        holder if held_back else {},
+    )
 
 
 @dataclass(frozen=True)

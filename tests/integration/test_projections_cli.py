@@ -133,3 +133,40 @@ def test_audit_verify_says_what_it_could_not_compare_and_strict_fails_on_it(
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "every read model agrees" in whole.stdout and "not compared" not in whole.stdout
     assert "compared: read model open_turns: rows match all" in whole.stdout
+
+
+def test_rebuild_waits_for_events_an_older_open_transaction_holds_back(
+    runtime: Runtime, settings: Settings
+) -> None:
+    # Any client of the server can hold the commit horizon back; events committed after
+    # its transaction began cannot be read in log order until it ends. A rebuild that
+    # began after them must wait for them, not stop short and call itself done.
+    read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
+    with psycopg.connect(str(settings.database_url)) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # a transaction id: holds the horizon
+        session_id = runtime.sessions.create_session(title="behind the horizon").session_id
+        waited: list[dict[str, Any]] = []
+
+        def held(who: dict[str, Any]) -> None:
+            waited.append(who)
+            if len(waited) == 3:
+                holder.rollback()  # the transaction ends: what it held back is readable
+
+        done = rebuild(read.events, runtime.db, settings.namespace, read_models(), held=held)
+    assert len(waited) >= 3 and waited[0]["pid"] is not None
+    assert done.held_back == 0 and done.position == read.events.head()
+    titles = [r["title"] for r in all_rows(read)["sessions"] if r["session_id"] == session_id]
+    assert titles == ["behind the horizon"]
+
+
+def test_a_rebuild_whose_horizon_wait_runs_out_says_what_is_left_and_by_whom(
+    runtime: Runtime, settings: Settings
+) -> None:
+    with psycopg.connect(str(settings.database_url)) as holder:
+        holder.execute("SELECT pg_current_xact_id()")
+        runtime.sessions.create_session(title="behind the horizon")
+        rebuilt = turnlog(settings, "projections", "rebuild", "--horizon-wait", "0.3")
+        holder.rollback()
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "waiting for events held back: commit horizon: held by server pid" in rebuilt.stderr
+    assert "not at the head: 1 event(s) committed before the rebuild" in rebuilt.stderr
