@@ -33,11 +33,11 @@ from turnlog.domain.session import (
 from turnlog.domain.turns import CallState, FinishedTurn, Step, ToolCall, Turn, TurnState
 
 T = TypeVar("T")
-EARLIER_CACHE_SIZE = 64
+EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
 SAVED_KEPT_MAX = 1000  # events kept per cached session between two requests
 # Re-decisions allowed to a command that races a running turn's writes (a
 # follow-up, a cancel, an approval): each is one reload and one short save.
-CONTENDED_ATTEMPTS = 8  # sessions whose earlier turns this process keeps rebuilt
+CONTENDED_ATTEMPTS = 8
 
 
 @dataclass(frozen=True)

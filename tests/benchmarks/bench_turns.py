@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,20 @@ def turnlog_turns(db_conninfo: str, namespace: str, turns: int, barrier: Any = N
     rt = build_runtime(bench_settings(db, namespace))
     try:
         session_id = rt.sessions.create_session(tools=["echo"]).session_id
-        run_turn(rt, session_id)  # warm-up
-        if barrier is not None:
-            barrier.wait()
-        start = time.perf_counter()
-        for _ in range(turns):
-            run_turn(rt, session_id)
-        return time.perf_counter() - start
+        return timed(lambda: run_turn(rt, session_id), turns, barrier)
     finally:
         rt.close()
+
+
+def timed(turn: Callable[[], None], turns: int, barrier: Any = None) -> float:
+    """Seconds for ``turns`` calls of ``turn``, after one warm-up (and the barrier, if any)."""
+    turn()
+    if barrier is not None:
+        barrier.wait()
+    start = time.perf_counter()
+    for _ in range(turns):
+        turn()
+    return time.perf_counter() - start
 
 
 def run_turn(rt: Any, session_id: uuid.UUID) -> None:
@@ -125,13 +131,7 @@ def raw_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None) ->
                             prepare=True,
                         )
 
-        turn()  # warm-up
-        if barrier is not None:
-            barrier.wait()
-        start = time.perf_counter()
-        for _ in range(turns):
-            turn()
-        return time.perf_counter() - start
+        return timed(turn, turns, barrier)
 
 
 # ------------------------------------------------- the library's own ceiling
@@ -169,13 +169,7 @@ def library_turns(db_conninfo: str, schema: str, turns: int, barrier: Any = None
                     aggregate.step("x" * size)
                 app.save(aggregate)
 
-        turn()  # warm-up
-        if barrier is not None:
-            barrier.wait()
-        start = time.perf_counter()
-        for _ in range(turns):
-            turn()
-        return time.perf_counter() - start
+        return timed(turn, turns, barrier)
     finally:
         app.close()
 
