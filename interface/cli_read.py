@@ -175,13 +175,9 @@ def projections_rebuild(
     with refusals():
         models = read_models(name)
     bar = _ProgressBar()
-    told = [0.0]
 
     def held(holder: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if now - told[0] >= HELD_NOTICE:
-            told[0] = now
-            err.print(f"waiting for events held back: {_holder_text(holder)}")
+        err.print(f"waiting for events held back: {_holder_text(holder)}")
 
     def act(rt: Runtime, read: ReadModels) -> Any:
         with bar:
@@ -209,9 +205,6 @@ def projections_rebuild(
             f" are still held back ({_holder_text(done.holder)}); the runners fold them when"
             " that transaction ends"
         )
-
-
-HELD_NOTICE = 5.0  # seconds between two "waiting for events held back" lines
 
 
 def _holder_text(holder: dict[str, Any]) -> str:

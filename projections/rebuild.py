@@ -44,6 +44,7 @@ Held = Callable[[dict[str, Any]], None]  # told who holds the horizon back while
 
 HORIZON_WAIT = 60.0  # longest wait for events held back by an older transaction (s)
 HORIZON_POLL = 0.05
+HELD_NOTICE = 5.0  # seconds between two notices of who holds them back
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,13 @@ def rebuild(
     progress: Progress | None = None,
     horizon_wait: float = HORIZON_WAIT,
     held: Held | None = None,
+    held_notice: float = HELD_NOTICE,
 ) -> Rebuilt:
-    """Reset ``models`` and fold the whole log into them again, in batches."""
+    """Reset ``models`` and fold the whole log into them again, in batches.
+
+    While events wait behind an older transaction, ``held`` is told who holds
+    them, at once and then every ``held_notice`` seconds.
+    """
     started = time.monotonic()
     report = progress or (lambda done, total: None)
     holder: dict[str, Any] = {}
@@ -134,6 +140,7 @@ def rebuild(
         place = Place.start()
         report(done, total)
         waiting_since: float | None = None
+        noticed = 0.0
         while place < head:
             page = events.read(place, batch_size, stop=head)
             if not page.records and not page.pending:
@@ -142,14 +149,15 @@ def rebuild(
                 # Committed before we began, held back by an older transaction: wait.
                 now = time.monotonic()
                 waiting_since = now if waiting_since is None else waiting_since
-                holder = events.horizon()
                 if now - waiting_since >= horizon_wait:
+                    holder = events.horizon()
                     break  # left to the runners, and said so
-                if held is not None:
-                    held(holder)
+                if held is not None and (noticed == 0.0 or now - noticed >= held_notice):
+                    noticed = now
+                    held(events.horizon())
                 time.sleep(HORIZON_POLL)
                 continue
-            waiting_since, holder = None, {}
+            waiting_since, noticed = None, 0.0
             pairs = events.decode(page.records)
             for view, projection in workers:
                 fold_batch(view, projection, place, pairs)

@@ -152,7 +152,9 @@ def test_rebuild_waits_for_events_an_older_open_transaction_holds_back(
             if len(waited) == 3:
                 holder.rollback()  # the transaction ends: what it held back is readable
 
-        done = rebuild(read.events, runtime.db, settings.namespace, read_models(), held=held)
+        done = rebuild(
+            read.events, runtime.db, settings.namespace, read_models(), held=held, held_notice=0
+        )
     assert len(waited) >= 3 and waited[0]["pid"] is not None
     assert done.held_back == 0 and done.position == read.events.head()
     titles = [r["title"] for r in all_rows(read)["sessions"] if r["session_id"] == session_id]
