@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -40,18 +39,10 @@ def api(settings: Settings, runtime: Runtime) -> Iterator[tuple[str, object]]:
         yield url, app
 
 
-def _creation_rate(url: str) -> float:
-    """Sessions created per second by one client: the best of three runs, so that a burst of
-    other work on a shared machine does not pass for the waiters' cost."""
-    return max(_one_creation_rate(url) for _ in range(3))
-
-
-def _one_creation_rate(url: str) -> float:
+def _create_sessions(url: str, count: int) -> None:
     with httpx.Client(base_url=url, timeout=60) as client:
-        started = time.perf_counter()
-        for _ in range(CREATES):
+        for _ in range(count):
             assert client.post("/v1/sessions", json={}).status_code == 201
-        return CREATES / (time.perf_counter() - started)
 
 
 def _wait_in_background(url: str, sessions: list[str], count: int) -> threading.Thread:
@@ -73,7 +64,7 @@ def _wait_in_background(url: str, sessions: list[str], count: int) -> threading.
     return thread
 
 
-def test_600_waiters_are_not_woken_by_other_sessions_and_keep_a_writer_near_its_rate(
+def test_600_waiters_are_not_woken_by_commits_in_other_sessions(
     api: tuple[str, object], settings: Settings, database: Database
 ) -> None:
     url, app = api
@@ -81,29 +72,22 @@ def test_600_waiters_are_not_woken_by_other_sessions_and_keep_a_writer_near_its_
         sessions = [
             client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(SESSIONS)
         ]
-    baseline = _creation_rate(url)
 
     waiting = _wait_in_background(url, sessions, WAITERS)
     state = app.state.turnlog  # type: ignore[attr-defined]
     poll(lambda: state.waits.watching >= WAITERS, 120, f"{WAITERS} waiters")
     poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
-    assert _one_creation_rate(url) > 0  # settle: the first look at each session woke its waiters
+    _create_sessions(url, 1)  # settle: the first look at each session woke its waiters
     woken = state.waits.woken
-    loaded = _creation_rate(url)
+    _create_sessions(url, CREATES)
     still = state.waits.open
     woken_by_the_writer = state.waits.woken - woken
 
-    ratio = baseline / loaded
-    print(
-        f"\ncreations/s without waiters {baseline:.1f}, with {WAITERS} waiting {loaded:.1f}: "
-        f"{ratio:.2f}x slower"
-    )
     assert still >= WAITERS  # they were all still waiting while the writer wrote
-    # What kept the writer's rate: its 75 commits woke none of the waiters (each used to
-    # wake all 600, and each rebuilt its session: 14x slower). The rate itself also feels
-    # the other tests sharing the machine's CPUs, so its bound has room for them.
+    # What keeps a writer's rate: its commits woke none of the waiters. Each used to wake all
+    # 600, and each rebuilt its session: 14x slower. The rate itself is a timing, measured
+    # against a run without waiters by `make bench` (figure 11).
     assert woken_by_the_writer == 0
-    assert ratio <= 3.0, (baseline, loaded)
     state.draining.set()  # release the waiters, as a shutdown does
     waiting.join(60)
     # One turn per session, whatever the number of waiters that joined it.
