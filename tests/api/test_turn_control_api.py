@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -127,13 +126,11 @@ def test_cancelling_a_running_sleep_stops_it_and_records_the_call_cancelled(
         deadline=30,
     )
 
-    asked = time.monotonic()
     response = full.post(f"/v1/sessions/{sid}/turns/{tid}/cancel", json=CANCEL)
 
     assert response.status_code == 200, response.text
     assert response.json()["cancel"] == "requested"
     done = eventually(lambda: in_state(full, sid, tid, "cancelled", "completed"), deadline=20)
-    assert time.monotonic() - asked < 20
     assert done["state"] == "cancelled"
     assert done["reason"] == CANCEL["reason"]
     assert [c["state"] for c in done["tool_calls"]] == ["cancelled"]
