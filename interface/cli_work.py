@@ -11,7 +11,6 @@ from rich.markup import escape
 
 from turnlog.application.worker import check_open_turns
 from turnlog.interface.bootstrap import OpenTurnsSource, build_process
-from turnlog.interface.metrics import MetricsServer
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
 
@@ -35,6 +34,7 @@ def worker(
     (`turnlog projections run` or `turnlog serve --role projections`).
     """
     from turnlog.interface.logs import configure_logging
+    from turnlog.interface.metrics import MetricsServer  # only the worker serves /metrics
 
     settings = ctx.find_root().obj.settings()
     configure_logging(settings)

@@ -16,23 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import logging
-import os
-import signal
 import socket
-import sys
-from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-import uvicorn
 
 from turnlog.application.settings import Settings
 from turnlog.interface.logs import configure_logging
 from turnlog.interface.roles import Role
-
-GRACEFUL_SECONDS = 30
-log = logging.getLogger("turnlog.serve")
 
 
 def serve(
@@ -57,46 +48,22 @@ def serve(
         typer.echo(f"error: {refusal}", err=True)
         raise typer.Exit(2)
     configure_logging(settings)
-    # The CLI's other commands do not need FastAPI.
+    # The CLI's other commands need neither FastAPI nor uvicorn.
     from turnlog.interface.http import create_app
-    from turnlog.interface.http.protocol import timed_protocol
+    from turnlog.interface.http.server import draining_server, exit_now
     from turnlog.interface.http.state import Options
 
     options = Options(drain_timeout=drain_timeout)
     app = create_app(settings, role=role, worker_concurrency=concurrency, options=options)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_config=None,
-        lifespan="on",
-        timeout_graceful_shutdown=GRACEFUL_SECONDS,
-        server_header=False,
-        # Slow clients: headers and bodies have deadlines (interface/http/protocol.py).
-        http=timed_protocol(settings.header_timeout, settings.body_timeout),
-    )
-    server = _Server(config, app.state.turnlog.draining)
+    server = draining_server(app, settings, host, port)
     # uvicorn raises a SIGINT it caught again once it has shut down; the stop
     # was orderly, so no traceback.
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     if server.signalled is not None:
-        _exit_now(128 + server.signalled)
+        exit_now(128 + server.signalled)
     if not server.started:
         raise typer.Exit(1)
-
-
-def _exit_now(code: int) -> None:
-    """Exit without waiting for a turn the drain left running (recovery takes it over).
-
-    A tool call can run for minutes in a worker thread, and the interpreter
-    joins such threads before it exits: after a drain that timed out, that
-    wait is what SIGINT used to hang on. Logs and output are flushed first.
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    os._exit(code)
 
 
 def open_bind_refusal(host: str, settings: Settings) -> str:
@@ -137,32 +104,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a host name: we cannot tell, so it counts as exposed
-
-
-class _Server(uvicorn.Server):
-    """Uvicorn's server, also telling the app that a shutdown began.
-
-    Long waits (``?wait=``) and live event streams watch ``draining`` so they
-    end promptly instead of holding the graceful shutdown to its timeout.
-    """
-
-    def __init__(self, config: uvicorn.Config, draining: Any) -> None:
-        super().__init__(config)
-        self._draining = draining
-        self.signalled: int | None = None  # the first stop signal, if one came
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.signalled is not None:
-            log.warning("second %s: exiting now; open turns are left to recovery", _name(sig))
-            _exit_now(128 + sig)
-        self.signalled = sig
-        log.info("%s: stopping (a second one exits at once)", _name(sig))
-        self._draining.set()
-        super().handle_exit(sig, frame)
-
-
-def _name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
