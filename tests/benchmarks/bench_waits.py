@@ -10,9 +10,7 @@ and each rebuilt its session. ``tests/fault/test_waits.py`` asserts the cause
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
 import time
 
 import httpx
@@ -21,6 +19,7 @@ from tests.api.conftest import FAST, live_server
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, scratch_namespace
 from tests.fault.cluster import poll
+from tests.fault.waiters import wait_in_background
 from turnlog.application.database import Database
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.interface.http import create_app
@@ -36,29 +35,6 @@ def creation_rate(url: str, creates: int) -> float:
         for _ in range(creates):
             client.post("/v1/sessions", json={}).raise_for_status()
         return creates / (time.perf_counter() - started)
-
-
-def wait_in_background(url: str, sessions: list[str]) -> threading.Thread:
-    """``WAITERS`` clients, each submitting to one of ``sessions`` with ``?wait=60`` (the most)."""
-
-    async def waiter(client: httpx.AsyncClient, index: int) -> None:
-        sid = sessions[index % len(sessions)]
-        await client.post(
-            f"/v1/sessions/{sid}/turns?wait=60",
-            json={"message": "never worked on"},
-            headers={"Idempotency-Key": f"k-{sid}"},
-        )
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=WAITERS + 50, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-            await asyncio.gather(
-                *(waiter(client, i) for i in range(WAITERS)), return_exceptions=True
-            )
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    return thread
 
 
 def figure_11(db: Database, cfg: Config) -> Figure:
@@ -77,7 +53,7 @@ def figure_11(db: Database, cfg: Config) -> Figure:
                 ]
             creation_rate(url, 5)  # warm-up
             alone = [creation_rate(url, creates) for _ in range(cfg.repeat)]
-            waiting = wait_in_background(url, sessions)
+            waiting = wait_in_background(url, sessions, WAITERS)
             poll(lambda: state.waits.watching >= WAITERS, 300, f"{WAITERS} waiters")
             poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
             creation_rate(url, 5)  # the first look at each session woke its waiters

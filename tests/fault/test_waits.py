@@ -8,9 +8,7 @@ bounded (503 ``too_many_waits``).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import threading
 from collections.abc import Iterator
 
 import httpx
@@ -19,6 +17,7 @@ import pytest
 from tests.api.conftest import FAST, live_server
 from tests.conftest import raw_events
 from tests.fault.cluster import poll
+from tests.fault.waiters import wait_in_background
 from turnlog.application.database import Database
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
@@ -45,25 +44,6 @@ def _create_sessions(url: str, count: int) -> None:
             assert client.post("/v1/sessions", json={}).status_code == 201
 
 
-def _wait_in_background(url: str, sessions: list[str], count: int) -> threading.Thread:
-    async def waiter(client: httpx.AsyncClient, index: int) -> None:
-        sid = sessions[index % len(sessions)]
-        await client.post(
-            f"/v1/sessions/{sid}/turns?wait=60",
-            json={"message": "never worked on"},
-            headers={"Idempotency-Key": f"k-{sid}"},
-        )
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=count + 50, max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-            await asyncio.gather(*(waiter(client, i) for i in range(count)), return_exceptions=True)
-
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    return thread
-
-
 def test_600_waiters_are_not_woken_by_commits_in_other_sessions(
     api: tuple[str, object], settings: Settings, database: Database
 ) -> None:
@@ -73,7 +53,7 @@ def test_600_waiters_are_not_woken_by_commits_in_other_sessions(
             client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(SESSIONS)
         ]
 
-    waiting = _wait_in_background(url, sessions, WAITERS)
+    waiting = wait_in_background(url, sessions, WAITERS)
     state = app.state.turnlog  # type: ignore[attr-defined]
     poll(lambda: state.waits.watching >= WAITERS, 120, f"{WAITERS} waiters")
     poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
@@ -102,7 +82,7 @@ def test_waits_past_the_bound_are_refused_before_anything_is_written(
     with live_server(app) as url:
         with httpx.Client(base_url=url, timeout=30) as client:
             sessions = [client.post("/v1/sessions", json={}).json()["session_id"] for _ in range(4)]
-        waiting = _wait_in_background(url, sessions[:3], 3)
+        waiting = wait_in_background(url, sessions[:3], 3)
         state = app.state.turnlog
         poll(lambda: state.waits.open == 3, 60, "3 waits open")
         # A wait takes its slot before its turn is submitted: let the three submits land.
