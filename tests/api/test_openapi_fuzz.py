@@ -3,9 +3,10 @@
 The server runs for real (uvicorn on a loopback port, role ``all`` so that
 turns complete). It runs without a token, so the schema declares no
 security and negative cases are judged on their own data (auth is tested
-in test_security_api). Examples per operation are bounded so the whole run
-stays well within a minute; ``TURNLOG_FUZZ_EXAMPLES`` scales it (``make
-chaos`` sends more than 2,000 requests). Every refused request (4xx/5xx) must
+in test_security_api). Examples per operation are bounded (20 by default, each
+way) so the run stays short — about two minutes inside a busy ``make test``;
+``TURNLOG_FUZZ_EXAMPLES`` scales it (``make chaos`` sends more than 2,000
+requests). Every refused request (4xx/5xx) must
 leave the log exactly as it was, and a stateful run chains operations
 through the links schemathesis infers (a created session's id into its turns,
 …), so generated requests reach existing sessions, not only the 404 path.
