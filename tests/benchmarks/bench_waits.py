@@ -57,9 +57,9 @@ def figure_11(db: Database, cfg: Config) -> Figure:
             poll(lambda: state.waits.watching >= WAITERS, 300, f"{WAITERS} waiters")
             poll(lambda: state.waits.followed == SESSIONS, 60, "every session followed")
             creation_rate(url, 5)  # the first look at each session woke its waiters
-            woken = state.waits.woken
+            woken_before = state.waits.woken
             loaded = [creation_rate(url, creates) for _ in range(cfg.repeat)]
-            woken = state.waits.woken - woken
+            woken = state.waits.woken - woken_before
             still = state.waits.open
             state.draining.set()  # release the waiters, as a shutdown does
             waiting.join(60)
