@@ -144,10 +144,16 @@ class LogPage:
         return len(self.records)
 
 
+# ``pending`` compares the log's highest transaction id with the horizon: one
+# probe at the end of the log-order index. ``EXISTS (… WHERE xact >= horizon)``
+# said the same, but without fresh statistics it was planned as a scan of the
+# whole table (the horizon is unknown when planning): a cost that grew with
+# every event the namespace kept, paid on every read of the tail.
 _READ = sql.SQL(
     "WITH h AS (SELECT {horizon} AS x)"
     " SELECT e.*, h.x::text AS horizon,"
-    "  EXISTS (SELECT 1 FROM {t} WHERE {xact} >= h.x) AS pending"
+    "  coalesce((SELECT {xact} FROM {t} ORDER BY {xact} DESC LIMIT 1) >= h.x, false)"
+    "   AS pending"
     " FROM h LEFT JOIN LATERAL ("
     "  SELECT notification_id, originator_id, originator_version, topic, state,"
     "   {xact}::text AS xact FROM {t}"
@@ -155,6 +161,18 @@ _READ = sql.SQL(
     "  ORDER BY {order} LIMIT %s) e ON true"
     " ORDER BY e.xact::xid8, e.notification_id"
 )
+
+
+def read_statement(qualified: sql.Composable, *, stop: bool) -> sql.Composed:
+    """``read_log``'s statement; parameters: the place after, the stop's (if any), the limit."""
+    return _READ.format(
+        horizon=HORIZON,
+        t=qualified,
+        xact=XACT,
+        past=PAST,
+        stop=UP_TO if stop else sql.SQL("true"),
+        order=LOG_ORDER,
+    )
 
 
 def read_log(
@@ -169,14 +187,7 @@ def read_log(
     Only rows below the horizon are read, with the horizon taken in the same
     statement: the rows returned, and every row before them, are final.
     """
-    statement = _READ.format(
-        horizon=HORIZON,
-        t=qualified,
-        xact=XACT,
-        past=PAST,
-        stop=UP_TO if stop is not None else sql.SQL("true"),
-        order=LOG_ORDER,
-    )
+    statement = read_statement(qualified, stop=stop is not None)
     params: list[Any] = [*after.params(), *(stop.params() if stop else ()), limit]
     rows = curs.execute(statement, params).fetchall()
     records = [
