@@ -151,14 +151,23 @@ class Lease:
         return True
 
     def _holds(self) -> bool:
+        """Whether the lock is still held: its connection's server session is alive.
+
+        A session-level advisory lock ends only with an unlock (``release``
+        alone sends one) or with the server session that took it, and a
+        psycopg connection never moves to another session: so one round trip
+        that the session answers proves the lock is held. Asking ``pg_locks``
+        instead cost a scan of the server's whole lock table (and its
+        activity list) before every side effect and result.
+        """
         if self._conn.closed:
             return False
         try:
-            holder = advisory_lock_holder(self._conn, self.key)
+            self._conn.execute("SELECT 1")
         except psycopg.Error:
             self._conn.close()
             return False
-        return holder is not None and holder.pid == self._conn.info.backend_pid
+        return True
 
     def _take_back(self) -> bool:
         """Lock again on a new connection; False while the server cannot be reached."""
