@@ -22,20 +22,30 @@ def turn_view(sessions: Sessions, session_id: UUID, turn_id: str) -> dict[str, A
 
 
 async def until_finished(
-    state: AppState, sessions: Sessions, session_id: UUID, turn_id: str, timeout: float
+    state: AppState,
+    sessions: Sessions,
+    session_id: UUID,
+    turn_id: str,
+    timeout: float,
+    *,
+    watching: asyncio.Event | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The turn's view once it is finished (True), or at the deadline (False).
 
     "Finished" includes ``interrupted``: nothing more happens without an operator.
     The caller holds one of ``state.waits``'s slots. The turn is read again
     only when the process's follower reads an event that may end a turn of its
-    session.
+    session. ``watching``: the caller's own watch of the session, set before it
+    submitted the turn: the turn cannot have ended before it, so the first read
+    waits for the first ending (the caller unwatches it).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     # Before reading: a later ending always wakes us.
-    event = state.waits.watch(session_id, ending_only=True)
+    event = watching or state.waits.watch(session_id, ending_only=True)
     try:
+        if watching is not None:
+            await state.waits.wait(event, timeout, state.draining)
         while True:
             event.clear()
             view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
@@ -47,4 +57,5 @@ async def until_finished(
             # Woken only when the follower reads an event ending a turn of this session.
             await state.waits.wait(event, remaining, state.draining)
     finally:
-        state.waits.unwatch(session_id, event)
+        if watching is None:
+            state.waits.unwatch(session_id, event)

@@ -89,6 +89,8 @@ async def submit_turn(
     # A wait slot is taken before anything is written: refused (503
     # too_many_waits) means not submitted, so a retry cannot submit twice.
     release = state.waits.acquire() if wait is not None else None
+    # Watched before the submit: its ending, however soon, wakes the wait below.
+    watching = state.waits.watch(session_id, ending_only=True) if wait is not None else None
     try:
         submitted: Submitted = await run_in_threadpool(
             functools.partial(
@@ -111,11 +113,19 @@ async def submit_turn(
             view = await run_in_threadpool(turn_view, sessions, session_id, submitted.turn_id)
         else:
             view, finished = await until_finished(
-                state, sessions, session_id, submitted.turn_id, wait
+                state,
+                sessions,
+                session_id,
+                submitted.turn_id,
+                wait,
+                # A replayed submit's turn may have ended long ago: read it first.
+                watching=watching if submitted.created else None,
             )
             if finished:
                 response.status_code = 200
     finally:
+        if watching is not None:
+            state.waits.unwatch(session_id, watching)
         if release is not None:
             release()
     return _turn_written(session_id, view, position)
