@@ -69,6 +69,8 @@ HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minim
 GATHER = 0.015
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
 QUEUED_PAGES = 64  # pages from the follower a runner keeps; past it, it reads the log itself
+# Events decoded once for every runner of the process (they fold the same pages).
+KEEP_DECODED = 4096
 
 
 def projection_lock_key(namespace: str, name: str) -> int:
@@ -327,7 +329,7 @@ class ProjectionSupervisor:
         """Prepare the tables and start one runner thread per read model."""
         if self._runners:
             raise RuntimeError("the projection supervisor is already running")
-        self._events = EventLog(self._sessions)
+        self._events = EventLog(self._sessions, keep_decoded=KEEP_DECODED)
         try:
             create_tables(self.db, self._events, self.models)
         except BaseException:
