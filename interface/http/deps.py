@@ -2,6 +2,9 @@
 
 Each is an ``Annotated`` alias so that a route's signature says what it
 uses: ``RuntimeDep``, ``SessionsDep``, ``HistoryDep``, ``ReadModelsDep``.
+The ones that only hand a part over are ``async``: FastAPI runs a plain
+``def`` dependency in its thread pool, a hop to another thread and back for
+each, three of them on every submitted turn.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from turnlog.projections import ReadModels
 _bearer = HTTPBearer(auto_error=False, description="The server's TURNLOG_API_TOKEN.")
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.turnlog
     return state
 
@@ -34,7 +37,7 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_runtime(state: StateDep) -> Runtime:
+async def get_runtime(state: StateDep) -> Runtime:
     runtime = state.process.runtime
     if runtime is None:
         if isinstance(state.start_error, DatabaseUnavailable):
@@ -46,14 +49,14 @@ def get_runtime(state: StateDep) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_sessions(runtime: RuntimeDep) -> Sessions:
+async def get_sessions(runtime: RuntimeDep) -> Sessions:
     return runtime.sessions
 
 
 SessionsDep = Annotated[Sessions, Depends(get_sessions)]
 
 
-def get_history(state: StateDep, runtime: RuntimeDep) -> History:
+async def get_history(state: StateDep, runtime: RuntimeDep) -> History:
     if state.history is None:
         state.history = History(runtime.sessions)
     return state.history
@@ -62,7 +65,7 @@ def get_history(state: StateDep, runtime: RuntimeDep) -> History:
 HistoryDep = Annotated[History, Depends(get_history)]
 
 
-def get_read_models(state: StateDep, history: HistoryDep) -> ReadModels:
+async def get_read_models(state: StateDep, history: HistoryDep) -> ReadModels:
     # ``history`` is asked for so that it exists for ``caught_up`` (the log's head).
     if state.process.read_models is None:
         raise NotReady("the read models are not available in this process yet")
