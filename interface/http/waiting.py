@@ -27,35 +27,31 @@ async def until_finished(
     session_id: UUID,
     turn_id: str,
     timeout: float,
+    watching: asyncio.Event,
     *,
-    watching: asyncio.Event | None = None,
+    read_first: bool,
 ) -> tuple[dict[str, Any], bool]:
     """The turn's view once it is finished (True), or at the deadline (False).
 
     "Finished" includes ``interrupted``: nothing more happens without an operator.
-    The caller holds one of ``state.waits``'s slots. The turn is read again
-    only when the process's follower reads an event that may end a turn of its
-    session. ``watching``: the caller's own watch of the session, set before it
-    submitted the turn: the turn cannot have ended before it, so the first read
-    waits for the first ending (the caller unwatches it).
+    The caller holds one of ``state.waits``'s slots and ``watching``, its watch
+    of the session's endings (``state.waits.watch(..., ending_only=True)``),
+    taken before the turn could end; it unwatches it. The turn is read only
+    when the process's follower reads an event that may end a turn of its
+    session, and first at once only with ``read_first`` (a turn submitted
+    earlier, which may have ended already).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    # Before reading: a later ending always wakes us.
-    event = watching or state.waits.watch(session_id, ending_only=True)
-    try:
-        if watching is not None:
-            await state.waits.wait(event, timeout, state.draining)
-        while True:
-            event.clear()
-            view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
-            if view["state"] in FINISHED:
-                return view, True
-            remaining = deadline - loop.time()
-            if remaining <= 0 or state.draining.is_set():
-                return view, False
-            # Woken only when the follower reads an event ending a turn of this session.
-            await state.waits.wait(event, remaining, state.draining)
-    finally:
-        if watching is None:
-            state.waits.unwatch(session_id, event)
+    if not read_first:
+        await state.waits.wait(watching, timeout, state.draining)
+    while True:
+        watching.clear()  # before reading: a later ending sets it again
+        view = await run_in_threadpool(turn_view, sessions, session_id, turn_id)
+        if view["state"] in FINISHED:
+            return view, True
+        remaining = deadline - loop.time()
+        if remaining <= 0 or state.draining.is_set():
+            return view, False
+        # Woken only when the follower reads an event ending a turn of this session.
+        await state.waits.wait(watching, remaining, state.draining)

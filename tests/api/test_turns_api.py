@@ -66,6 +66,22 @@ def test_a_repeated_turn_key_returns_the_original_turn_and_position(api: TestCli
     )
 
 
+def test_a_replayed_submit_with_wait_answers_its_finished_turn_at_once(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    headers = {"Idempotency-Key": "done-1"}
+    api.post(f"/v1/sessions/{sid}/turns", json={"message": "hi"}, headers=headers)
+    run_queued_turn(runtime, sid)  # finished before the repeat: no ending will come again
+
+    started = time.monotonic()
+    again = api.post(f"/v1/sessions/{sid}/turns?wait=60", json={"message": "hi"}, headers=headers)
+
+    assert again.status_code == 200 and again.json()["state"] == "completed"
+    assert again.headers["idempotent-replayed"] == "true"
+    assert time.monotonic() - started < 60  # read at once, not after the wait ran out
+
+
 def test_wait_returns_the_finished_turn_with_200(api: TestClient, runtime: Runtime) -> None:
     sid = new_session(api)
     worker = threading.Thread(target=_run_when_queued, args=(runtime, sid))

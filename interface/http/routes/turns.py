@@ -109,7 +109,7 @@ async def submit_turn(
             position = await run_in_threadpool(
                 history.submission_position, session_id, submitted.turn_id
             )
-        if wait is None:
+        if wait is None or watching is None:
             view = await run_in_threadpool(turn_view, sessions, session_id, submitted.turn_id)
         else:
             view, finished = await until_finished(
@@ -118,8 +118,9 @@ async def submit_turn(
                 session_id,
                 submitted.turn_id,
                 wait,
+                watching,
                 # A replayed submit's turn may have ended long ago: read it first.
-                watching=watching if submitted.created else None,
+                read_first=not submitted.created,
             )
             if finished:
                 response.status_code = 200
