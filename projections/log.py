@@ -10,7 +10,6 @@ model in a process.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -28,9 +27,7 @@ from turnlog.projections.catalog import ReadModel
 class EventLog:
     """Reading and decoding the namespace's event log, in log order, below the horizon."""
 
-    def __init__(self, sessions: Sessions, *, keep_decoded: int = 0) -> None:
-        """``keep_decoded``: how many decoded events to keep for other readers of the
-        same rows (the runners of one process fold the same pages of the follower)."""
+    def __init__(self, sessions: Sessions) -> None:
         recorder = sessions.recorder
         if not isinstance(recorder, PostgresApplicationRecorder):
             raise TypeError("read models need the Sessions application on PostgreSQL")
@@ -41,9 +38,6 @@ class EventLog:
         self.schema = self.datastore.schema
         self.events_table = recorder.events_table_name
         self.table = logorder.table(self.schema, self.events_table)
-        self._keep = keep_decoded
-        self._decoded: dict[int, Any] = {}  # position → event, the latest ``keep_decoded``
-        self._decoded_lock = threading.Lock()
 
     def read(self, after: Place, limit: int, stop: Place | None = None) -> LogPage:
         """Up to ``limit`` events past ``after`` (and up to ``stop``), in log order.
@@ -59,21 +53,9 @@ class EventLog:
         """Domain events with their tracking objects (their places), by the application's mapper."""
         to_event = self.sessions.mapper.to_domain_event
         name = self.application_name
-        if not self._keep:
-            return [
-                (to_event(n), LogTracking(name, place.position, place.xact)) for place, n in records
-            ]
-        pairs: list[tuple[Any, Tracking]] = []
-        for place, n in records:
-            event = self._decoded.get(place.position)
-            if event is None:
-                event = to_event(n)
-                with self._decoded_lock:
-                    self._decoded[place.position] = event
-                    while len(self._decoded) > self._keep:
-                        del self._decoded[next(iter(self._decoded))]
-            pairs.append((event, LogTracking(name, place.position, place.xact)))
-        return pairs
+        return [
+            (to_event(n), LogTracking(name, place.position, place.xact)) for place, n in records
+        ]
 
     def place_of(self, position: int) -> Place:
         """The place of the event at ``position`` (0: the start); InvalidPosition if none."""

@@ -34,7 +34,7 @@ from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.rows import Key, Row, Table
 from turnlog.projections.runner import STANDBY_INTERVAL, projection_lock_key
 from turnlog.projections.status import lock_holder
-from turnlog.projections.view import MemoryView, fold_batch
+from turnlog.projections.view import Fold, MemoryView, fold_together
 
 REBUILD_BATCH = 2000
 VERIFY_BATCH = 5000
@@ -159,8 +159,7 @@ def rebuild(
                 continue
             waiting_since, noticed = None, 0.0
             pairs = events.decode(page.records)
-            for view, projection in workers:
-                fold_batch(view, projection, place, pairs)
+            fold_together(events.datastore, [Fold(v, p, place, pairs) for v, p in workers])
             place = page.records[-1][0]
             done += len(page)
             report(done, max(total, done))

@@ -45,6 +45,7 @@ from types import TracebackType
 from typing import Any
 
 import psycopg
+from eventsourcing.projection import Projection
 
 from turnlog.application.database import Database, connect, lock_key
 from turnlog.application.follower import LogFollower
@@ -53,7 +54,12 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog, create_tables
-from turnlog.projections.view import fold_batch
+from turnlog.projections.view import (
+    Fold,
+    PostgresReadModelView,
+    ReadModelView,
+    fold_together,
+)
 
 log = logging.getLogger("turnlog.projections")
 
@@ -69,8 +75,6 @@ HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minim
 GATHER = 0.015
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
 QUEUED_PAGES = 64  # pages from the follower a runner keeps; past it, it reads the log itself
-# Events decoded once for every runner of the process (they fold the same pages).
-KEEP_DECODED = 4096
 
 
 def projection_lock_key(namespace: str, name: str) -> int:
@@ -93,12 +97,40 @@ class RunnerState:
     last_error: str = ""
 
 
+class _Lead:
+    """One read model of a runner: its lock connection and, while it leads, its view and place."""
+
+    def __init__(self, model: ReadModel, namespace: str) -> None:
+        self.model = model
+        self.state = RunnerState(model.name)
+        self.key = projection_lock_key(namespace, model.name)
+        self.conn: psycopg.Connection[Any] | None = None
+        self.view: PostgresReadModelView | None = None
+        self.projection: Projection[ReadModelView] | None = None
+        self.place = Place.start()  # the last event folded
+        self.through = Place.start()  # the log is read up to here
+        self.backoff = MIN_BACKOFF
+        self.next_try = 0.0  # when to try the lock again (standing by, or after an error)
+        self.since = 0.0  # when this leadership (or attempt) began
+
+    @property
+    def leading(self) -> bool:
+        return self.view is not None
+
+
 class ReadModelRunner:
-    """Keeps one read model up to date while this process leads it."""
+    """Keeps this process's read models up to date, one thread for all of them.
+
+    Leadership stays per read model (each has its own lock connection, so
+    another process may lead one read model and stand by for the others), but
+    the models this thread leads fold each page together: one transaction,
+    one commit, for all of them. If that transaction fails, each model's part
+    is tried alone, so a poison event stops only the read model it poisons.
+    """
 
     def __init__(
         self,
-        model: ReadModel,
+        models: Iterable[ReadModel],
         events: EventLog,
         db: Database,
         namespace: str,
@@ -108,30 +140,32 @@ class ReadModelRunner:
         poll_interval: float,
         follower: LogFollower | None = None,
     ) -> None:
-        self.model = model
-        self.state = RunnerState(model.name)
+        self._leads = [_Lead(model, namespace) for model in models]
         self._events = events
         self._db = db
-        self._key = projection_lock_key(namespace, model.name)
         self._stopping = stopping
         self._batch_size = batch_size
         self._poll_interval = poll_interval
         self._follower = follower
         self.own_reads = 0  # reads of the log by this runner itself (to catch up)
+        self.commits = 0  # transactions that folded events
         self._pages: collections.deque[LogPage] = collections.deque(maxlen=QUEUED_PAGES)
         self._pages_lock = threading.Lock()
         self._first_at = 0.0  # when the oldest page waiting to be folded arrived
+        self._checked = 0.0  # when the lock connections were last known to be alive
         self._closed = False
         # A pipe the follower rings after handing a page over: the wait
-        # selects on it and on the lock connection, so it ends at once on either.
+        # selects on it and on the lock connections, so it ends at once on either.
         self._bell_r, self._bell_w = os.pipe()
         os.set_blocking(self._bell_r, False)
         os.set_blocking(self._bell_w, False)
         if follower is not None:
             follower.subscribe(self._take)
-        self._thread = threading.Thread(
-            target=self._run, name=f"projection-{model.name}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="projections", daemon=True)
+
+    @property
+    def states(self) -> list[RunnerState]:
+        return [lead.state for lead in self._leads]
 
     def start(self) -> None:
         self._thread.start()
@@ -164,66 +198,141 @@ class ReadModelRunner:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
+    # ------------------------------------------------------------ the loop
+
     def _run(self) -> None:
-        backoff = MIN_BACKOFF
-        while not self._stopping.is_set():
-            started = time.monotonic()
-            try:
-                self._lead()
-            except Exception as exc:
-                if time.monotonic() - started > HEALTHY_AFTER:
-                    backoff = MIN_BACKOFF
-                self.state.state = "retrying"
-                self.state.restarts += 1
-                self.state.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning(
-                    "projection %s stopped (%s); restarting in %.1fs",
-                    self.model.name,
-                    self.state.last_error,
-                    backoff,
-                )
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
-        self.state.state = "stopped"
-
-    def _lead(self) -> None:
-        """Take the lock (or wait for it), then follow the log until stopped or broken."""
-        with connect(self._db, application_name=runner_label(self.model.name)) as conn:
-            if not self._acquire(conn):
-                return
-            view = self.model.postgres_view(self._events.datastore)
-            projection = self.model.projection(view)
-            self.state.state = "active"
-            log.info("projection %s: this process is the active runner", self.model.name)
-            place = view.position(self._events.application_name)
-            through = place  # the log is read up to here (place: the last event folded)
-            self.state.position = place.position
-            checked = time.monotonic()
+        try:
             while not self._stopping.is_set():
-                self._gather(conn)
-                page = self._next_page(through)
-                if page is None:  # nothing new since the follower's last page
-                    self._wait(conn, self._poll_interval)
-                    checked = time.monotonic()
-                    continue
-                records = [r for r in page.records if r[0] > place]
-                if records:
-                    pairs = self._events.decode(records)
-                    place = fold_batch(view, projection, place, pairs)
-                    self.state.position = place.position
-                    if time.monotonic() - checked > LOCK_CHECK_INTERVAL:
-                        conn.execute("SELECT 1")  # still connected, so still the lock holder
-                        checked = time.monotonic()
-                through = max(through, page.next, place)
-                if len(page) >= self._batch_size or self._follower is not None:
-                    continue  # more to read, or the follower's next page to wait for
-                self._wait(conn, HELD_POLL if page.pending else self._poll_interval)
-                checked = time.monotonic()
+                try:
+                    self._step()
+                except Exception as exc:  # not one read model's: all of them start again
+                    for lead in self._leads:
+                        if lead.leading:
+                            self._fail(lead, exc)
+        finally:
+            for lead in self._leads:
+                self._let_go(lead)
+                lead.state.state = "stopped"
 
-    def _gather(self, conn: psycopg.Connection[Any]) -> None:
+    def _step(self) -> None:
+        self._take_leads()
+        active = [lead for lead in self._leads if lead.leading]
+        if not active:
+            self._stopping.wait(self._until_next_try(self._poll_interval))
+            return
+        self._gather(active)
+        page = self._next_page(min(lead.through for lead in active))
+        if page is None:  # nothing new since the follower's last page
+            self._wait(active, self._poll_interval)
+            return
+        self._fold(active, page)
+        for lead in active:
+            lead.through = max(lead.through, page.next, lead.place)
+        if time.monotonic() - self._checked > LOCK_CHECK_INTERVAL:
+            self._check(active, every=True)  # a long catch-up: still connected, so still leading
+        if len(page) >= self._batch_size or self._follower is not None:
+            return  # more to read, or the follower's next page to wait for
+        self._wait(active, HELD_POLL if page.pending else self._poll_interval)
+
+    def _take_leads(self) -> None:
+        """Try the lock of each read model not led, when its turn to try has come."""
+        now = time.monotonic()
+        for lead in self._leads:
+            if lead.leading or now < lead.next_try:
+                continue
+            try:
+                self._try_lead(lead, now)
+            except Exception as exc:
+                self._fail(lead, exc)
+
+    def _try_lead(self, lead: _Lead, now: float) -> None:
+        name = lead.model.name
+        if lead.conn is None:
+            lead.since = now
+            lead.conn = connect(self._db, application_name=runner_label(name))
+        row = lead.conn.execute("SELECT pg_try_advisory_lock(%s)", (lead.key,)).fetchone()
+        if not (row and row[0]):
+            if lead.state.state != "standby":
+                log.info("projection %s: standing by (another runner holds it)", name)
+            lead.state.state = "standby"
+            lead.next_try = now + STANDBY_INTERVAL
+            return
+        view = lead.model.postgres_view(self._events.datastore)
+        lead.place = lead.through = view.position(self._events.application_name)
+        lead.view, lead.projection = view, lead.model.projection(view)
+        lead.state.state = "active"
+        lead.state.position = lead.place.position
+        log.info("projection %s: this process is the active runner", name)
+
+    def _fold(self, active: list[_Lead], page: LogPage) -> None:
+        """Fold the page's new events into every model led, in one transaction if it can."""
+        start = min(lead.place for lead in active)
+        records = [r for r in page.records if r[0] > start]
+        if not records:
+            return
+        pairs = list(zip(records, self._events.decode(records), strict=True))
+        folds = []
+        for lead in active:
+            assert lead.view is not None and lead.projection is not None
+            mine = [pair for record, pair in pairs if record[0] > lead.place]
+            if mine:
+                folds.append((lead, Fold(lead.view, lead.projection, lead.place, mine)))
+        if not folds:
+            return
+        try:
+            places = fold_together(self._events.datastore, [fold for _, fold in folds])
+        except Exception as exc:
+            if len(folds) == 1:
+                self._fail(folds[0][0], exc)
+                return
+            log.info("projections: folding together failed (%s); folding one at a time", exc)
+            for lead, fold in folds:
+                try:
+                    self._moved(lead, fold_together(self._events.datastore, [fold])[0])
+                except Exception as alone:
+                    self._fail(lead, alone)
+            return
+        self.commits += 1
+        for (lead, _), place in zip(folds, places, strict=True):
+            self._moved(lead, place)
+
+    @staticmethod
+    def _moved(lead: _Lead, place: Place) -> None:
+        lead.place = place
+        lead.state.position = place.position
+
+    def _fail(self, lead: _Lead, exc: Exception) -> None:
+        """One read model's leadership ends (its lock goes with its connection); retry later."""
+        now = time.monotonic()
+        if now - lead.since > HEALTHY_AFTER:
+            lead.backoff = MIN_BACKOFF
+        lead.state.state = "retrying"
+        lead.state.restarts += 1
+        lead.state.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning(
+            "projection %s stopped (%s); restarting in %.1fs",
+            lead.model.name,
+            lead.state.last_error,
+            lead.backoff,
+        )
+        self._let_go(lead)
+        lead.next_try = now + lead.backoff
+        lead.backoff = min(lead.backoff * 2, MAX_BACKOFF)
+
+    @staticmethod
+    def _let_go(lead: _Lead) -> None:
+        lead.view = lead.projection = None
+        if lead.conn is not None:
+            with contextlib.suppress(Exception):
+                lead.conn.close()
+            lead.conn = None
+
+    # ------------------------------------------------------------ pages
+
+    def _gather(self, active: list[_Lead]) -> None:
         """Let the follower's pages gather for up to ``GATHER`` after the first one arrived.
 
-        The wait ends early only when the lock connection's socket turns
+        The wait ends early only when a lock connection's socket turns
         readable (then the next check raises); the bell is left for later.
         """
         with self._pages_lock:
@@ -232,7 +341,7 @@ class ReadModelRunner:
             return
         remaining = first + GATHER - time.monotonic()
         if remaining > 0:
-            select.select([conn.fileno()], [], [], remaining)
+            select.select(self._sockets(active), [], [], remaining)
 
     def _next_page(self, through: Place) -> LogPage | None:
         """The follower's pages that continue from ``through``; else a read of our own.
@@ -267,29 +376,43 @@ class ReadModelRunner:
         self.own_reads += 1
         return self._events.read(through, self._batch_size)
 
-    def _acquire(self, conn: psycopg.Connection[Any]) -> bool:
-        while not self._stopping.is_set():
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (self._key,)).fetchone()
-            if row and row[0]:
-                return True
-            if self.state.state != "standby":
-                log.info("projection %s: standing by (another runner holds it)", self.model.name)
-            self.state.state = "standby"
-            self._stopping.wait(STANDBY_INTERVAL)
-        return False
+    # ------------------------------------------------------------ waiting
 
-    def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> None:
-        """Until the follower rings, or ``timeout`` at most; raises if the connection died."""
-        ready, _, _ = select.select([self._bell_r, conn.fileno()], [], [], timeout)
-        if self._bell_r in ready:
+    @staticmethod
+    def _sockets(active: list[_Lead]) -> list[int]:
+        return [lead.conn.fileno() for lead in active if lead.conn is not None]
+
+    def _until_next_try(self, timeout: float) -> float:
+        """``timeout``, cut short to the next lock attempt of a read model not led."""
+        tries = [lead.next_try for lead in self._leads if not lead.leading]
+        if tries:
+            timeout = min(timeout, max(0.0, min(tries) - time.monotonic()))
+        return timeout
+
+    def _wait(self, active: list[_Lead], timeout: float) -> None:
+        """Until the follower rings, or ``timeout`` at most; a dead lock connection ends a lead."""
+        sockets = self._sockets(active)
+        ready, _, _ = select.select([self._bell_r, *sockets], [], [], self._until_next_try(timeout))
+        rung = self._bell_r in ready
+        if rung:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._bell_r, 4096):
                     pass
-        if conn.fileno() in ready or self._bell_r not in ready:
-            # A dropped connection makes its socket readable at once: then (and
-            # after a quiet wait) this raises unless still connected, so still
-            # the lock holder. A bell with a quiet socket needs no round trip.
-            conn.execute("SELECT 1")
+        # A dropped connection makes its socket readable at once: then (and
+        # after a quiet wait) a round trip tells whether it is still
+        # connected, so still the lock holder. A bell with quiet sockets needs none.
+        self._check(active, every=not rung, readable=set(ready))
+        self._checked = time.monotonic()
+
+    def _check(self, active: list[_Lead], *, every: bool, readable: set[int] | None = None) -> None:
+        for lead in active:
+            if lead.conn is None or not (every or lead.conn.fileno() in (readable or ())):
+                continue
+            try:
+                lead.conn.execute("SELECT 1")
+            except Exception as exc:
+                self._fail(lead, exc)
+        self._checked = time.monotonic()
 
 
 class ProjectionSupervisor:
@@ -322,53 +445,52 @@ class ProjectionSupervisor:
         self._poll_interval = poll_interval
         self._follower = follower if listen else None
         self._stopping = threading.Event()
-        self._runners: list[ReadModelRunner] = []
+        self._runner: ReadModelRunner | None = None
         self._events: EventLog | None = None
 
     def start(self) -> None:
-        """Prepare the tables and start one runner thread per read model."""
-        if self._runners:
+        """Prepare the tables and start the runner thread (one for every read model)."""
+        if self._runner is not None:
             raise RuntimeError("the projection supervisor is already running")
-        self._events = EventLog(self._sessions, keep_decoded=KEEP_DECODED)
+        self._events = EventLog(self._sessions)
         try:
             create_tables(self.db, self._events, self.models)
         except BaseException:
             self.stop()
             raise
         self._stopping.clear()
-        self._runners = [
-            ReadModelRunner(
-                model,
-                self._events,
-                self.db,
-                self.settings.namespace,
-                self._stopping,
-                batch_size=self._batch_size,
-                poll_interval=self._poll_interval,
-                follower=self._follower,
-            )
-            for model in self.models
-        ]
-        for runner in self._runners:
-            runner.start()
+        self._runner = ReadModelRunner(
+            self.models,
+            self._events,
+            self.db,
+            self.settings.namespace,
+            self._stopping,
+            batch_size=self._batch_size,
+            poll_interval=self._poll_interval,
+            follower=self._follower,
+        )
+        self._runner.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every runner (each releases its lock and its connection)."""
+        """Stop the runner (each read model's lock goes with its connection)."""
         self._stopping.set()
-        deadline = time.monotonic() + timeout
-        for runner in self._runners:
-            runner.join(max(0.0, deadline - time.monotonic()))
-            runner.close()
-        self._runners = []
+        if self._runner is not None:
+            self._runner.join(timeout)
+            self._runner.close()
+        self._runner = None
         self._events = None
 
     def own_reads(self) -> int:
-        """How often this process's runners read the log themselves (not the follower's pages)."""
-        return sum(runner.own_reads for runner in self._runners)
+        """How often this process's runner read the log itself (not the follower's pages)."""
+        return self._runner.own_reads if self._runner is not None else 0
+
+    def commits(self) -> int:
+        """The transactions this process's runner committed to fold events."""
+        return self._runner.commits if self._runner is not None else 0
 
     def runners(self) -> list[dict[str, Any]]:
-        """This process's runners: name, state, position, restarts, last error."""
-        return [asdict(runner.state) for runner in self._runners]
+        """This process's read models: name, state, position, restarts, last error."""
+        return [asdict(state) for state in self._runner.states] if self._runner else []
 
     def __enter__(self) -> ProjectionSupervisor:
         self.start()

@@ -16,15 +16,17 @@ the instance.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
 from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
 from eventsourcing.projection import Projection
-from psycopg import Cursor, sql
+from psycopg import Connection, Cursor, sql
 from psycopg.rows import DictRow
 
 from turnlog.application import logorder
@@ -105,24 +107,41 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         library's own check (the tracking upsert only moves forward) is not
         enough for batches of different lengths.
         """
-        # Pipelined: BEGIN, the claim and the rows' load go in one round trip;
-        # the rows' writes and the new place in another; then COMMIT.
-        with self.datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
-            claim, curs = conn.cursor(), conn.cursor()
-            claim.execute(self._claim, (application_name,), prepare=True)
-            wanted = self._keys(scopes)
-            if wanted:
-                curs.execute(self._load_rows, self._columns(wanted))
-            self._check_claim(claim.fetchone(), expected)
-            rows = Rows(self.table, (dict(r) for r in curs.fetchall()) if wanted else ())
-            self._batch, self._batch_position = rows, None
-            try:
-                yield
-            finally:
-                self._batch = None
-            if self._batch_position is not None:
-                self._flush(curs, rows)
-                self._insert_place(curs, application_name, self._batch_position)
+        with (
+            self.datastore.get_connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+            self.batch_in(conn, application_name, expected, scopes),
+        ):
+            yield
+
+    @contextmanager
+    def batch_in(
+        self,
+        conn: Connection[DictRow],
+        application_name: str,
+        expected: Place | None,
+        scopes: Iterable[Key],
+    ) -> Iterator[None]:
+        """``batch`` inside a transaction the caller holds open on ``conn`` (and commits)."""
+        # Pipelined: the claim and the rows' load go in one round trip (with
+        # BEGIN, the first batch of a transaction); the rows' writes and the
+        # new place in another.
+        claim, curs = conn.cursor(), conn.cursor()
+        claim.execute(self._claim, (application_name,), prepare=True)
+        wanted = self._keys(scopes)
+        if wanted:
+            curs.execute(self._load_rows, self._columns(wanted))
+        self._check_claim(claim.fetchone(), expected)
+        rows = Rows(self.table, (dict(r) for r in curs.fetchall()) if wanted else ())
+        self._batch, self._batch_position = rows, None
+        try:
+            yield
+        finally:
+            self._batch = None
+        if self._batch_position is not None:
+            self._flush(curs, rows)
+            self._insert_place(curs, application_name, self._batch_position)
 
     @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
@@ -373,6 +392,16 @@ def _place(found: Any) -> Place:
     return Place(int(found["xact"]), int(found["notification_id"] or 0))
 
 
+@dataclass(frozen=True)
+class Fold:
+    """Decoded events for one view, to apply as one batch from ``expected`` on."""
+
+    view: PostgresReadModelView
+    projection: Projection[ReadModelView]
+    expected: Place
+    events: Sequence[tuple[Any, Tracking]]
+
+
 def fold_batch(
     view: PostgresReadModelView,
     projection: Projection[ReadModelView],
@@ -380,11 +409,29 @@ def fold_batch(
     events: Sequence[tuple[Any, Tracking]],
 ) -> Place:
     """Apply decoded events to the view as one batch; returns the new place."""
-    if not events:
-        return expected
-    scopes = [s for s in (view.table.scope_of(e) for e, _ in events) if s is not None]
-    application_name = events[0][1].application_name
-    with view.batch(application_name, expected, scopes):
-        for event, tracking in events:
-            projection.process_event(event, tracking)
-    return place_of_tracking(events[-1][1])
+    return fold_together(view.datastore, [Fold(view, projection, expected, events)])[0]
+
+
+def fold_together(datastore: PostgresDatastore, folds: Sequence[Fold]) -> list[Place]:
+    """Apply each fold to its view as one batch, all of them in ONE transaction.
+
+    Returns each view's new place. One commit for several read models: every
+    view moves on, or (on any error) none does.
+    """
+    live = [f for f in folds if f.events]
+    if not live:
+        return [f.expected for f in folds]
+    with (
+        datastore.get_connection() as conn,
+        conn.pipeline(),
+        conn.transaction(),
+        contextlib.ExitStack() as batches,
+    ):
+        for fold in live:
+            scoped = (fold.view.table.scope_of(e) for e, _ in fold.events)
+            scopes = [s for s in scoped if s is not None]
+            name = fold.events[0][1].application_name
+            batches.enter_context(fold.view.batch_in(conn, name, fold.expected, scopes))
+            for event, tracking in fold.events:
+                fold.projection.process_event(event, tracking)
+    return [place_of_tracking(f.events[-1][1]) if f.events else f.expected for f in folds]

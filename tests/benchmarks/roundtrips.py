@@ -144,9 +144,16 @@ def over_http(turns: int, clients: int) -> tuple[Counter[str], str]:
             url = f"http://127.0.0.1:{port}"
             own: Counter[str] = Counter()  # the measurement's own statements, left out
 
-            def client(count: int) -> None:
+            # One session per client, made before the counting starts: what is
+            # counted is turns (as in-process, where the session exists already).
+            sessions: list[str] = []
+            with httpx.Client(base_url=url, timeout=120) as http:
+                for _ in range(clients):
+                    made = http.post("/v1/sessions", json={"tools": ["echo"]}).json()
+                    sessions.append(made["session_id"])
+
+            def client(sid: str, count: int) -> None:
                 with httpx.Client(base_url=url, timeout=120) as http:
-                    sid = http.post("/v1/sessions", json={"tools": ["echo"]}).json()["session_id"]
                     for _ in range(count):
                         answer = http.post(
                             f"/v1/sessions/{sid}/turns",
@@ -175,10 +182,13 @@ def over_http(turns: int, clients: int) -> tuple[Counter[str], str]:
                 shares = [total // clients + (i < total % clients) for i in range(clients)]
                 if clients == 1:
                     for _ in range(total):  # one at a time, each turn settled
-                        client(1)
+                        client(sessions[0], 1)
                         settle()
                     return
-                threads = [threading.Thread(target=client, args=(n,)) for n in shares]
+                threads = [
+                    threading.Thread(target=client, args=(sid, n))
+                    for sid, n in zip(sessions, shares, strict=True)
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:

@@ -19,7 +19,6 @@ from turnlog.application import logorder
 from turnlog.application.logorder import Place
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.projections.log import EventLog
 
 
 def _table(settings: Settings) -> sql.Composed:
@@ -103,24 +102,3 @@ def test_a_read_at_the_head_touches_as_many_pages_after_20_000_events_as_after_2
     # The scan it replaced touched every page of the table (4 pages, then 209); an
     # index probe touches one page more for each level the index grows.
     assert large <= small + 6, (small, large)
-
-
-def test_the_runners_of_a_process_share_each_decoded_event_and_keep_a_bounded_number(
-    runtime: Runtime,
-) -> None:
-    for title in ("one", "two", "three"):
-        runtime.sessions.create_session(title=title)
-    shared = EventLog(runtime.sessions, keep_decoded=2)
-    records = shared.read(Place.start(), 100).records
-    assert len(records) == 3
-
-    first = shared.decode(records)
-    again = shared.decode(records[1:])  # the two latest were kept: the same objects
-
-    assert [e.title for e, _ in first] == ["one", "two", "three"]
-    assert [a is b for (a, _), (b, _) in zip(first[1:], again, strict=True)] == [True, True]
-    assert [t.notification_id for _, t in again] == [p.position for p, _ in records[1:]]
-    [(oldest, _)] = shared.decode(records[:1])  # let go: decoded again
-    assert oldest is not first[0][0] and oldest.title == "one"
-    alone = EventLog(runtime.sessions)  # a rebuild's reader decodes each row for itself
-    assert all(a is not b for (a, _), (b, _) in zip(alone.decode(records), first, strict=True))

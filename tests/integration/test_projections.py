@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from eventsourcing.persistence import Tracking
 
-from tests.deadlines import scaled
+from tests.deadlines import poll, scaled
 from tests.histories import WORKER, Scripted, scripted_history
 from turnlog.application.errors import (
     InvalidCursor,
@@ -17,9 +19,11 @@ from turnlog.application.errors import (
 )
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.domain.session import Session
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import disagreements
 from turnlog.projections.rebuild import holding_locks, rebuild, verify
+from turnlog.projections.sessions_view import SessionsProjection
 
 
 @pytest.fixture
@@ -144,6 +148,64 @@ def test_runners_catch_up_by_polling_when_no_notification_comes(
     ):
         written = runtime.sessions.create_session(title="polled")
         assert read.wait_for(written.position, timeout=scaled(2.0))
+
+
+def test_one_write_moves_every_read_model_in_one_commit(
+    runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
+) -> None:
+    written = runtime.sessions.create_session(title="one event")
+    assert read.wait_for(written.position, timeout=scaled(5))
+    # Each runner state moves after its commit is counted.
+    poll(
+        lambda: all(r["position"] == written.position for r in supervisor.runners()),
+        scaled(5),
+        "every read model's runner at the event",
+    )
+    assert len(supervisor.runners()) == 3
+    assert supervisor.commits() == 1  # not one per read model
+
+
+class _Poisoned(SessionsProjection):
+    """The sessions read model, unable to fold the start of a session titled "poison"."""
+
+    name = SessionsProjection.name  # the same tables (the library names them after the class)
+
+    def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+        if isinstance(domain_event, Session.Started) and domain_event.title == "poison":
+            raise ValueError("cannot fold this one")
+        super().process_event(domain_event, tracking)
+
+
+def test_an_event_one_read_model_cannot_fold_stops_only_that_read_model(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    sup = ProjectionSupervisor(
+        runtime.settings, runtime.db, sessions=runtime.sessions, poll_interval=0.2
+    )
+    sup.models = [
+        replace(m, projection=_Poisoned) if m.name == "sessions" else m for m in sup.models
+    ]
+    with sup:
+        fine = runtime.sessions.create_session(title="fine")
+        assert read.wait_for(fine.position, timeout=scaled(5))
+        poison = runtime.sessions.create_session(title="poison")
+        after = runtime.sessions.create_session(title="after")
+        # The other two fold past it (they were in the same transaction first).
+        assert read.wait_for(after.position, timeout=scaled(5), names=["open_turns", "tool_calls"])
+        states = {
+            r["name"]: r
+            for r in poll(
+                lambda: [r for r in sup.runners() if r["restarts"] >= 2] and sup.runners(),
+                scaled(10),
+                "the sessions read model to fail twice",
+            )
+        }
+        assert "cannot fold this one" in states["sessions"]["last_error"]
+        assert states["open_turns"]["restarts"] == states["tool_calls"]["restarts"] == 0
+        assert states["open_turns"]["state"] == states["tool_calls"]["state"] == "active"
+    places = read.places(["sessions"])
+    assert places["sessions"] < read.events.place_of(poison.position)
+    assert [row["title"] for row in read.list_sessions()[0]] == ["fine"]
 
 
 def test_lists_page_by_cursor_and_refuse_malformed_input(
