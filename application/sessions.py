@@ -8,6 +8,7 @@ load; a second loss surfaces as ``ConcurrentModification``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -77,6 +78,8 @@ class Sessions(Application[UUID]):
         # Events this process saved since a cached session's last read, in unbroken
         # version order: the next request applies them instead of reading them back.
         self._saved_since: dict[UUID, list[Any]] = {}
+        # Told of each save of this process, once committed (waits on a turn's end).
+        self._on_saved: list[Callable[[UUID, Sequence[Any]], None]] = []
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
@@ -272,6 +275,18 @@ class Sessions(Application[UUID]):
                 self._earlier_cache.pop(evicted)
                 self._saved_since.pop(evicted, None)
             return earlier
+
+    def on_saved(self, listener: Callable[[UUID, Sequence[Any]], None]) -> None:
+        """Call ``listener(session_id, events)`` after each commit of this process's writes.
+
+        It runs on the writing thread, so it must be quick and must not raise.
+        Other processes' writes reach this one through its log follower only.
+        """
+        self._on_saved.append(listener)
+
+    def off_saved(self, listener: Callable[[UUID, Sequence[Any]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._on_saved.remove(listener)
 
     def _saved(self, session_id: UUID, events: Sequence[Any]) -> None:
         """Keep what this process just saved of a session whose earlier turns are cached."""
@@ -469,6 +484,8 @@ class Sessions(Application[UUID]):
                     ) from None
                 continue
             self._saved(session.id, pending)
+            for listener in list(self._on_saved):
+                listener(session.id, pending)
             position = recordings[-1].notification.id
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")

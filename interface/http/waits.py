@@ -8,7 +8,9 @@ only their waiters (``?wait=`` and live event streams) wake to read again.
 A ``?wait`` on a turn wakes only for events that end a turn
 (``ENDING``), not for each step of it: a turn's six commits cost its waiter
 one read after the first, not six. The follower also polls, so a lost
-notification costs latency, never a wake-up. The number of concurrent waits
+notification costs latency, never a wake-up. A turn this process's own
+worker ended wakes its waiters sooner, from the save (``Sessions.on_saved``),
+without waiting for the follower to read the log. The number of concurrent waits
 is bounded per process like live streams: past it, 503 ``too_many_waits``
 with Retry-After.
 """
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 from uuid import UUID
 
 from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.logorder import LogPage
+from turnlog.application.sessions import Sessions
 from turnlog.domain.session import Session
 from turnlog.interface.problems import TooManyWaits
 
@@ -84,19 +88,38 @@ class TurnWaits:
         self._ending_only: set[asyncio.Event] = set()  # waiters woken by ENDING events only
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: LogFollower | None = None
+        self._sessions: Sessions | None = None
         self.woken = 0  # waiters woken so far, each to read its session again
 
-    def attach(self, follower: LogFollower, loop: asyncio.AbstractEventLoop) -> None:
-        """Be told by ``follower`` about new events; wake-ups run on ``loop``."""
+    def attach(
+        self, follower: LogFollower, sessions: Sessions, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Be told about new events; wake-ups run on ``loop``.
+
+        By ``follower``, of every process's events; by ``sessions``, sooner,
+        of a turn this process ended (its worker ran it): the waiter reads at
+        once after the commit instead of after the follower's read of the log.
+        """
         self.detach()
         self._loop = loop
-        self._follower = follower
+        self._follower, self._sessions = follower, sessions
         follower.subscribe(self._on_page)
+        sessions.on_saved(self._on_saved)
 
     def detach(self) -> None:
         if self._follower is not None:
             self._follower.unsubscribe(self._on_page)
             self._follower = None
+        if self._sessions is not None:
+            self._sessions.off_saved(self._on_saved)
+            self._sessions = None
+
+    def _on_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+        """On the writing thread: a turn of a watched session ended here; wake its waiters."""
+        if session_id not in self._waiters or self._loop is None or self._loop.is_closed():
+            return
+        if any(type(event).TOPIC in ENDING for event in events):
+            self._loop.call_soon_threadsafe(self._wake, [session_id], {session_id})
 
     def _on_page(self, page: LogPage) -> None:
         """On the follower's thread: hand the watched sessions that changed to the loop."""

@@ -97,6 +97,24 @@ def test_wait_returns_the_finished_turn_with_200(api: TestClient, runtime: Runti
     assert response.json()["reply"] == "Noted. I will remember the codeword."
 
 
+def test_a_wait_on_a_turn_this_process_ran_is_woken_by_the_save_that_ended_it(
+    full: TestClient,
+) -> None:
+    state = full.app.state.turnlog  # type: ignore[attr-defined]
+    follower = state.process.follower
+    follower.unsubscribe(state.waits._on_page)  # only this process's own saves can wake it now
+    try:
+        sid = new_session(full)
+        woken = state.waits.woken
+        response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
+    finally:
+        follower.subscribe(state.waits._on_page)
+
+    assert response.status_code == 200
+    assert response.json()["state"] == "completed"
+    assert state.waits.woken == woken + 1  # not read at the deadline: woken by the ending save
+
+
 def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient) -> None:
     sid = new_session(api)
     started = time.monotonic()
