@@ -7,11 +7,15 @@ died, re-run a safe call, or interrupt a turn whose unsafe call was in
 flight. Because the lease is a lock held by a live connection, a dead
 worker's turns become available the moment the server notices the death.
 
-Work is offered: by this process's HTTP API right after a submit, and by
-the process's log follower (``application.follower``) for every session
-with a new event of ``WORK_TOPICS``. One loop tries the offers, and every
-``poll_interval`` seconds, whatever the offers, lists the open turns for
-the ones no offer names (a dead worker's turns, a turn refused earlier).
+Work is offered: by this process's own saves of an event of ``WORK_TOPICS``
+(a submit through its HTTP API, an approval …), the moment they commit, and
+by the process's log follower (``application.follower``) for every other
+session with a new such event. The follower's page repeats this process's
+own saves: those are not offered twice (a second offer of a session this
+worker already runs would run it again, for nothing, once it let go). One
+loop tries the offers, and every ``poll_interval`` seconds, whatever the
+offers, lists the open turns for the ones no offer names (a dead worker's
+turns, a turn refused earlier).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import psycopg
 from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import connect
 from turnlog.application.errors import ApplicationError, LeaseLost
-from turnlog.application.follower import LogFollower, sessions_of
+from turnlog.application.follower import LogFollower
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
 from turnlog.application.logorder import LogPage
@@ -76,6 +80,7 @@ WORK_TOPICS = [
 ]
 
 WORK_EVENTS = frozenset(WORK_TOPICS)
+SAVED_HERE_MAX = 10_000  # sessions whose own work events wait for the follower's page
 
 
 # Decisions about a turn whose owner died (not the start of a queued one): logged when done.
@@ -144,6 +149,9 @@ class Worker:
         self._held: dict[str, Future[None]] = {}
         self._offers: set[str] = set()
         self._recheck: set[str] = set()  # offered while held: try again on release
+        # Work events this process saved (and offered then), by session: the
+        # highest version, until the follower's page brings it too.
+        self._saved_here: dict[str, int] = {}
         # Sessions whose turn failed unexpectedly here → (failures, not before).
         self._benched: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
@@ -163,6 +171,7 @@ class Worker:
         self.start_summary = summarize(verdicts)
         with bound(worker_id=self.worker_id):
             log.info("start-up check decided: %s", self.start_summary)
+        self.runtime.sessions.on_saved(self._offer_saved)
         if self.follower is not None:
             self.follower.subscribe(self._offer_page)
         for target, name in (
@@ -197,6 +206,7 @@ class Worker:
         """
         self._stop.set()
         self._wake.set()
+        self.runtime.sessions.off_saved(self._offer_saved)
         if self.follower is not None:
             self.follower.unsubscribe(self._offer_page)
         with self._lock:
@@ -222,10 +232,37 @@ class Worker:
             self._offers.add(str(session_id))
         self._wake.set()
 
+    def _offer_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+        """A save of this process just committed (on the saving thread): offer its work."""
+        versions = [e.originator_version for e in events if type(e).TOPIC in WORK_EVENTS]
+        if not versions:
+            return
+        key = str(session_id)
+        with self._lock:
+            if len(self._saved_here) >= SAVED_HERE_MAX:  # the follower is far behind
+                self._saved_here.clear()
+            self._saved_here[key] = max(versions[-1], self._saved_here.get(key, 0))
+        self.offer(key)
+
     def _offer_page(self, page: LogPage) -> None:
-        """The follower's new events (on its thread): offer the sessions that got work."""
-        for session_id in sessions_of(page, WORK_EVENTS):
-            self.offer(session_id)
+        """The follower's new events (on its thread): offer the sessions that got work.
+
+        An event this process saved was offered when it committed: skipped.
+        """
+        offers: dict[str, None] = {}
+        with self._lock:
+            for _, notification in page.records:
+                if notification.topic not in WORK_EVENTS:
+                    continue
+                key = str(notification.originator_id)
+                here = self._saved_here.get(key)
+                if here is not None and notification.originator_version <= here:
+                    if notification.originator_version == here:
+                        del self._saved_here[key]  # the follower has passed it
+                    continue
+                offers[key] = None
+        for key in offers:
+            self.offer(key)
 
     def _dispatch(self) -> None:
         """The one loop: offers as they come, and the open turns every ``poll_interval``.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from uuid import UUID
 
 from turnlog.application.history import History
 from turnlog.interface.bootstrap import Process
@@ -41,8 +40,3 @@ class AppState:
 
     def __post_init__(self) -> None:
         self.waits = TurnWaits(self.options.max_waits)
-
-    def wake_worker(self, session_id: UUID) -> None:
-        """Offer the session to this process's worker, which tries it at once."""
-        if self.process.worker is not None:
-            self.process.worker.offer(session_id)

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
-from tests.deadlines import scaled
+from tests.deadlines import poll, scaled
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.bootstrap import build_runtime
@@ -113,6 +113,27 @@ def test_a_wait_on_a_turn_this_process_ran_is_woken_by_the_save_that_ended_it(
     assert response.status_code == 200
     assert response.json()["state"] == "completed"
     assert state.waits.woken == woken + 1  # not read at the deadline: woken by the ending save
+
+
+def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
+    full: TestClient,
+) -> None:
+    state = full.app.state.turnlog  # type: ignore[attr-defined]
+    worker, follower, read = state.process.worker, state.process.follower, state.process.reads()
+    offered: list[str] = []
+    offer = worker.offer
+    worker.offer = lambda session_id: (offered.append(str(session_id)), offer(session_id))[1]
+    try:
+        sid = new_session(full)
+        response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
+        assert response.status_code == 200
+        submitted = read.events.place_of(response.json()["position"])
+        poll(lambda: follower.place >= submitted, scaled(10), "the follower to read the submit")
+    finally:
+        del worker.offer
+    # Offered when its save committed; the follower's page repeating it is no second
+    # offer (that one ran the session again, for nothing, after the turn).
+    assert offered == [sid]
 
 
 def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient) -> None:

@@ -102,7 +102,6 @@ async def submit_turn(
                 deadline_seconds=body.deadline_seconds,
             )
         )
-        state.wake_worker(session_id)
         position = submitted.position
         if not submitted.created:
             response.headers["Idempotent-Replayed"] = "true"
@@ -172,7 +171,6 @@ async def resolve_tool_call(
     call_id: str,
     body: ResolveToolCallRequest,
     runtime: RuntimeDep,
-    state: StateDep,
 ) -> TurnWritten:
     """Record the real outcome of a tool call whose outcome is unknown.
 
@@ -188,7 +186,6 @@ async def resolve_tool_call(
         body.note,
         body.actor,
     )
-    state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
     return _turn_written(session_id, view, written.position)
 
@@ -203,7 +200,6 @@ async def cancel_turn(
     turn_id: str,
     body: CancelTurnRequest,
     runtime: RuntimeDep,
-    state: StateDep,
 ) -> CancelWritten:
     """Stop a turn (recorded with actor and reason).
 
@@ -218,7 +214,6 @@ async def cancel_turn(
     done, written = await run_in_threadpool(
         runtime.cancel_turn, session_id, turn_id, body.reason, body.actor, body.force
     )
-    state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn_id)
     return CancelWritten.model_validate(
         {**view, "session_id": session_id, "position": written.position, "cancel": done}
@@ -235,7 +230,6 @@ async def approve_tool_call(
     call_id: str,
     body: ApproveToolCallRequest,
     runtime: RuntimeDep,
-    state: StateDep,
 ) -> TurnWritten:
     """Let a proposed tool call start (recorded with actor and note).
 
@@ -246,7 +240,6 @@ async def approve_tool_call(
     turn, written = await run_in_threadpool(
         runtime.approve_tool_call, session_id, call_id, body.actor, body.note, body.arguments
     )
-    state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
     return _turn_written(session_id, view, written.position)
 
@@ -261,13 +254,11 @@ async def reject_tool_call(
     call_id: str,
     body: RejectToolCallRequest,
     runtime: RuntimeDep,
-    state: StateDep,
 ) -> TurnWritten:
     """Refuse a proposed tool call: the model is told "rejected by operator: reason",
     and the turn goes on. 409 `call_not_proposed` for a call not waiting for approval."""
     turn, written = await run_in_threadpool(
         runtime.reject_tool_call, session_id, call_id, body.actor, body.reason
     )
-    state.wake_worker(session_id)
     view = await run_in_threadpool(turn_view, runtime.sessions, session_id, turn.turn_id)
     return _turn_written(session_id, view, written.position)
