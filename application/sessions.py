@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from turnlog.domain.session import (
     retaining,
 )
 from turnlog.domain.turns import CallState, FinishedTurn, Step, ToolCall, Turn, TurnState
+
+log = logging.getLogger("turnlog.sessions")
 
 T = TypeVar("T")
 EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
@@ -288,6 +291,14 @@ class Sessions(Application[UUID]):
         with contextlib.suppress(ValueError):
             self._on_saved.remove(listener)
 
+    def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+        # The save has committed: a listener's failure must not make it look failed.
+        for listener in list(self._on_saved):
+            try:
+                listener(session_id, events)
+            except Exception:
+                log.exception("a listener of saves failed")
+
     def _saved(self, session_id: UUID, events: Sequence[Any]) -> None:
         """Keep what this process just saved of a session whose earlier turns are cached."""
         with self._earlier_lock:
@@ -393,7 +404,9 @@ class Sessions(Application[UUID]):
     def create_session(self, **fields: Any) -> Written:
         """Start a new session; ``fields`` are those of ``Session.start``."""
         session = Session.start(**fields)
+        pending = list(session.pending_events)
         recordings = self.save(session)
+        self._tell_saved(session.id, pending)
         return Written(session.id, session.version, recordings[-1].notification.id)
 
     def submit_turn(
@@ -484,8 +497,7 @@ class Sessions(Application[UUID]):
                     ) from None
                 continue
             self._saved(session.id, pending)
-            for listener in list(self._on_saved):
-                listener(session.id, pending)
+            self._tell_saved(session.id, pending)
             position = recordings[-1].notification.id
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID, uuid4
 
 import psycopg
 import pytest
@@ -232,3 +234,29 @@ def test_the_turn_a_run_returns_equals_its_stored_record(runtime: Runtime, messa
         ran = runtime.executor.run_turn(session.id, submitted.turn_id)
         assert not ran.state.is_open
         assert ran == runtime.sessions.turn_record(session.id, submitted.turn_id)[1]
+
+
+def test_each_committed_save_is_told_to_listeners_and_a_failing_one_fails_nothing(
+    runtime: Runtime,
+) -> None:
+    told: list[tuple[UUID, list[str]]] = []
+
+    def broken(session_id: UUID, events: Sequence[Any]) -> None:
+        raise RuntimeError("a listener's own bug")
+
+    def listener(session_id: UUID, events: Sequence[Any]) -> None:
+        told.append((session_id, [type(e).__name__ for e in events]))
+
+    runtime.sessions.on_saved(broken)
+    runtime.sessions.on_saved(listener)
+    try:
+        written = runtime.sessions.create_session(title="told")
+        submitted = runtime.sessions.submit_turn(written.session_id, "hello")
+    finally:
+        runtime.sessions.off_saved(broken)
+        runtime.sessions.off_saved(listener)
+    runtime.sessions.submit_turn(written.session_id, "later", enqueue=True)  # after: not told
+
+    assert submitted.created
+    assert told == [(written.session_id, ["Started"]), (written.session_id, ["TurnSubmitted"])]
+    assert len(runtime.sessions.get_session(written.session_id).turns) == 2
