@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -28,6 +29,11 @@ FAST = Options(
     start_retry_seconds=0.2,
     drain_timeout=10.0,
 )
+# For an app whose read models are kept (runners in the test): a read with
+# ?min_position waits for them as long as a slow machine needs. Another test's
+# open transaction (on another test worker) holds the commit horizon back, and
+# with it every read model, for as long as it runs.
+CATCHING_UP = replace(FAST, min_position_timeout=deadlines.scaled(10))
 
 APPEND = {"path": "out.txt", "text": "written"}
 

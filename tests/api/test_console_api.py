@@ -11,7 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from tests.api.conftest import FAST, interrupt_a_turn, new_session, problem, run_queued_turn
+from tests.api.conftest import (
+    CATCHING_UP,
+    interrupt_a_turn,
+    new_session,
+    problem,
+    run_queued_turn,
+)
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.http import create_app
@@ -25,7 +31,7 @@ TITLE = "Quarterly payroll run 4411"
 @pytest.fixture
 def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API with projection runners and no worker: turns stay where a test leaves them."""
-    app = create_app(settings, role="api", options=FAST)
+    app = create_app(settings, role="api", options=CATCHING_UP)
     with (
         ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,
@@ -36,7 +42,7 @@ def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
 @pytest.fixture
 def guarded(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     secured = settings.model_copy(update={"api_token": SecretStr(TOKEN)})
-    app = create_app(secured, role="api", options=FAST)
+    app = create_app(secured, role="api", options=CATCHING_UP)
     with (
         ProjectionSupervisor(secured, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,

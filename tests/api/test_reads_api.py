@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import FAST, eventually, interrupt_a_turn, new_session, problem
+from tests.api.conftest import CATCHING_UP, FAST, eventually, interrupt_a_turn, new_session, problem
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.http import create_app
@@ -18,7 +18,7 @@ from turnlog.projections import ProjectionSupervisor
 @pytest.fixture
 def reads(settings: Settings, runtime: Runtime) -> Iterator[TestClient]:
     """The API with projection runners but no worker: turns stay where a test puts them."""
-    app = create_app(settings, role="api", options=FAST)
+    app = create_app(settings, role="api", options=CATCHING_UP)
     with (
         ProjectionSupervisor(settings, runtime.db, sessions=runtime.sessions, poll_interval=0.1),
         TestClient(app, raise_server_exceptions=False) as client,
