@@ -8,7 +8,9 @@ order, below the commit horizon (``application.logorder``) — and hands the
 page to every subscriber in the process: the read-model runners (which
 fold it), the worker (sessions with new work), the HTTP waits and live
 streams (sessions that changed). While committed events wait past the
-horizon it looks again every ``HELD_POLL`` seconds.
+horizon it looks again every ``HELD_POLL`` seconds. A wake-up by this
+process's own writes only waits ``OWN_GATHER`` for more before reading (the
+readers in a hurry were told by the save itself: ``Sessions.on_saved``).
 
 Subscribers run on the follower's thread and must not block: they note
 what they were told and wake their own thread. ``changed`` is a signal for
@@ -38,6 +40,10 @@ from turnlog.application.sessions import Sessions
 log = logging.getLogger("turnlog.follower")
 
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
+# How long a wake-up by this process's own writes only waits for more of them
+# before reading: those writes' urgent readers (the worker, a ``?wait``) were
+# told by the save itself; a turn's six commits then cost one or two reads.
+OWN_GATHER = 0.01
 BATCH = 1000
 
 Subscriber = Callable[[LogPage], None]
@@ -88,6 +94,9 @@ class LogFollower:
         self.reads = 0  # reads of the log's tail
         self.rows_read = 0  # events those reads returned (each event once)
         self.listening = False
+        self.notifications = 0  # received (a burst drained at once counts each)
+        self.gathered = 0  # wake-ups by this process's own writes that waited for more
+        self._notifier = recorder.notifier  # its pids: the server pids of our own NOTIFYs
         self.place = Place.start()  # where the next read begins
         self._subscribers: list[Subscriber] = []
         self._stop = threading.Event()
@@ -156,13 +165,25 @@ class LogFollower:
         return conn
 
     def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> bool:
-        """Until a notification or ``timeout``; False when the connection broke."""
+        """Until a notification or ``timeout``; False when the connection broke.
+
+        When every notification so far came from this process's own writes,
+        it waits up to ``OWN_GATHER`` for more (another process's ends the
+        wait at once), so that one read covers a burst of them.
+        """
         try:
-            for _ in conn.notifies(timeout=timeout, stop_after=1):
-                break
+            pids = [n.pid for n in conn.notifies(timeout=timeout, stop_after=1)]
             # Drain what else arrived: one read covers them all.
-            for _ in conn.notifies(timeout=0):
-                pass
+            pids += [n.pid for n in conn.notifies(timeout=0)]
+            own = self._notifier.pids
+            if pids and all(pid in own for pid in pids):
+                for notification in conn.notifies(timeout=OWN_GATHER):
+                    pids.append(notification.pid)
+                    if notification.pid not in own:
+                        break
+                pids += [n.pid for n in conn.notifies(timeout=0)]
+                self.gathered += 1
+            self.notifications += len(pids)
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.listening = False

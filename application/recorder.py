@@ -45,6 +45,8 @@ from turnlog.application.errors import ApplicationError
 
 log = logging.getLogger("turnlog.recorder")
 
+KEPT_PIDS = 256  # server pids a notifier remembers (more: its pool was replaced)
+
 
 def log_channel(recorder: object) -> str:
     """The NOTIFY channel of the log ``recorder`` writes: its writers notify it after commits.
@@ -72,6 +74,9 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.sent = 0
+        # The server pids of the connections it notified from: a listener in this
+        # process tells its own process's notifications from others' by them.
+        self.pids: set[int] = set()
 
     def notify(self) -> None:
         """Ask for a notification soon (after the caller's commit)."""
@@ -95,6 +100,9 @@ class Notifier:
     def _send(self) -> None:
         try:
             with self._datastore.get_connection() as conn:
+                if len(self.pids) >= KEPT_PIDS:  # the pool's connections were replaced
+                    self.pids = set()
+                self.pids.add(conn.info.backend_pid)  # before the notification can arrive
                 conn.execute(self._statement)
             self.sent += 1
         except Exception as exc:  # a lost notification costs latency only: readers poll

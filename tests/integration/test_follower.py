@@ -6,7 +6,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from tests.deadlines import poll, scaled
 from turnlog.application.settings import Settings
@@ -56,3 +58,21 @@ def test_the_source_has_one_listener() -> None:
         if re.search(r"""["']LISTEN \{""", line)  # a LISTEN statement
     ]
     assert listeners == [listeners[0]] and listeners[0].startswith("application/follower.py")
+
+
+def test_a_wake_up_by_this_process_s_own_writes_waits_for_more_and_another_s_does_not(
+    process: Process,
+) -> None:
+    follower, runtime = process.follower, process.runtime
+    assert follower is not None and runtime is not None
+    poll(lambda: follower.listening, 10, "the follower to listen")
+
+    gathered = follower.gathered
+    runtime.sessions.create_session(title="ours")  # its NOTIFY comes from our pool
+    poll(lambda: follower.gathered > gathered, scaled(10), "a wake-up by our write to wait")
+
+    notified, gathered = follower.notifications, follower.gathered
+    with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:  # another process's
+        other.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(follower.channel)))
+        poll(lambda: follower.notifications > notified, scaled(10), "the other's notification")
+    assert follower.gathered == gathered  # read at once
