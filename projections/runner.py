@@ -1,32 +1,36 @@
-"""Keeping read models up to date: one runner thread per read model, one leader per cluster.
+"""Keeping read models up to date: one runner thread per process, one leader per read model.
 
-Each runner holds, on a dedicated connection of its own:
+For each read model, the runner holds a dedicated connection of its own, and on it:
 
 - a session-level advisory lock keyed by (namespace, read model): only the
-  holder processes events, every other process's runner waits as a hot
-  standby and takes over within ``STANDBY_INTERVAL`` of the holder dying
-  (the server drops the lock with the dead connection);
+  holder processes that read model's events, every other process's runner
+  stands by for it and takes over within ``STANDBY_INTERVAL`` of the holder
+  dying (the server drops the lock with the dead connection). A process may
+  lead one read model and stand by for another;
 - nothing else: it does not listen for notifications itself. The process's
   one follower (``application.follower``) reads each new page of the log
-  once and hands it to every runner; a runner folds the pages that continue
-  from where it is, and reads the log itself only to catch up (at start, or
-  after falling behind). Every wait is bounded by ``poll_interval``, after
-  which the runner reads the log anyway; the wait also ends the moment the
-  lock connection breaks.
+  once and hands it to the runner, which folds the pages that continue from
+  where it is, and reads the log itself only to catch up (at start, or after
+  falling behind). Every wait is bounded by ``poll_interval``, after which
+  the runner reads the log anyway; the wait also ends the moment a lock
+  connection breaks.
 
 The runner reads the log in its order, below the commit horizon, and keeps
-its place as a (transaction id, position) pair (``application.logorder``).
-When committed events wait past the horizon (an older transaction still
-runs), it (or the follower) looks again every ``HELD_POLL`` seconds: the
-transaction holding them back may end without a notification (a client
-outside turnlog, a crashed writer).
+each read model's place as a (transaction id, position) pair
+(``application.logorder``). When committed events wait past the horizon (an
+older transaction still runs), it (or the follower) looks again every
+``HELD_POLL`` seconds: the transaction holding them back may end without a
+notification (a client outside turnlog, a crashed writer).
 
-Events are applied in batches, one transaction per batch (see
-``projections.view``). Any error ends the runner's leadership (its
-connection closes, so the lock goes) and the runner starts again after a
-backoff: a dropped connection, a conflict with another writer, a poison
-event — the position only moves when a batch commits, so nothing is lost or
-applied twice.
+Events are applied in batches: one transaction per batch for every read
+model the process leads (see ``projections.view``), so a turn's commits cost
+one or two commits of the read models, not that many per read model. An
+error ends one read model's leadership (its connection closes, so the lock
+goes) and it starts again after a backoff: a dropped connection, a conflict
+with another writer, a poison event. When the shared transaction fails, each
+read model's part is tried alone, so a poison event stops only the read
+model that cannot fold it. A place only moves when a batch commits, so
+nothing is lost or applied twice.
 """
 
 from __future__ import annotations
@@ -416,13 +420,13 @@ class ReadModelRunner:
 
 
 class ProjectionSupervisor:
-    """Runs read-model runners in this process: ``start()``, then ``stop()``.
+    """Runs this process's read-model runner (all its read models): ``start()``, then ``stop()``.
 
     Connections: one pool for reading the log and writing the views (its
     sizes from ``settings.pool_size`` / ``pool_max_overflow``; shared with
     the process's ``sessions`` application), plus one dedicated connection per read
     model for its lock. New events come from the process's ``follower``;
-    without one (or with ``listen=False``) the runners poll the log.
+    without one (or with ``listen=False``) the runner polls the log.
     """
 
     def __init__(
