@@ -75,7 +75,10 @@ class Notifier:
         self._closed = False
         self.sent = 0
         # The server pids of the connections it notified from: a listener in this
-        # process tells its own process's notifications from others' by them.
+        # process tells its own process's notifications from others' by them. The
+        # server may give a closed connection's pid to another client later: its
+        # notifications are then taken for ours, which delays their reading by
+        # the follower's OWN_GATHER at most, and loses nothing.
         self.pids: set[int] = set()
 
     def notify(self) -> None:

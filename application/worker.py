@@ -10,9 +10,11 @@ worker's turns become available the moment the server notices the death.
 Work is offered: by this process's own saves of an event of ``WORK_TOPICS``
 (a submit through its HTTP API, an approval …), the moment they commit, and
 by the process's log follower (``application.follower``) for every other
-session with a new such event. The follower's page repeats this process's
-own saves: those are not offered twice (a second offer of a session this
-worker already runs would run it again, for nothing, once it let go). One
+such event. The follower's page repeats this process's own saves: those are
+not offered twice (a second offer of a session this worker already runs
+would run it again, for nothing, once it let go). Should the follower's page
+come first (the saving thread stalled after its commit), the session is
+offered twice, which costs that one run for nothing and loses nothing. One
 loop tries the offers, and every ``poll_interval`` seconds, whatever the
 offers, lists the open turns for the ones no offer names (a dead worker's
 turns, a turn refused earlier).
@@ -238,10 +240,11 @@ class Worker:
         if not versions:
             return
         key = str(session_id)
-        with self._lock:
-            if len(self._saved_here) >= SAVED_HERE_MAX:  # the follower is far behind
-                self._saved_here.clear()
-            self._saved_here[key] = max(versions[-1], self._saved_here.get(key, 0))
+        if self.follower is not None:  # its page will bring the same events again
+            with self._lock:
+                if len(self._saved_here) >= SAVED_HERE_MAX:  # the follower is far behind
+                    self._saved_here.clear()
+                self._saved_here[key] = max(versions[-1], self._saved_here.get(key, 0))
         self.offer(key)
 
     def _offer_page(self, page: LogPage) -> None:
@@ -255,11 +258,14 @@ class Worker:
                 if notification.topic not in WORK_EVENTS:
                     continue
                 key = str(notification.originator_id)
+                version = notification.originator_version
                 here = self._saved_here.get(key)
-                if here is not None and notification.originator_version <= here:
-                    if notification.originator_version == here:
+                if here is not None:
+                    if version >= here:
                         del self._saved_here[key]  # the follower has passed it
-                    continue
+                    if version <= here:
+                        # Offered at its save, which came after every version before it.
+                        continue
                 offers[key] = None
         for key in offers:
             self.offer(key)

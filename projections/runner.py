@@ -52,6 +52,7 @@ import psycopg
 from eventsourcing.projection import Projection
 
 from turnlog.application.database import Database, connect, lock_key
+from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.follower import LogFollower
 from turnlog.application.logorder import LogPage, Place
 from turnlog.application.sessions import Sessions
@@ -152,7 +153,7 @@ class ReadModelRunner:
         self._poll_interval = poll_interval
         self._follower = follower
         self.own_reads = 0  # reads of the log by this runner itself (to catch up)
-        self.commits = 0  # transactions that folded events
+        self.commits = 0  # transactions that folded events (one or more read models each)
         self._pages: collections.deque[LogPage] = collections.deque(maxlen=QUEUED_PAGES)
         self._pages_lock = threading.Lock()
         self._first_at = 0.0  # when the oldest page waiting to be folded arrived
@@ -224,19 +225,43 @@ class ReadModelRunner:
         if not active:
             self._stopping.wait(self._until_next_try(self._poll_interval))
             return
-        self._gather(active)
-        page = self._next_page(min(lead.through for lead in active))
-        if page is None:  # nothing new since the follower's last page
-            self._wait(active, self._poll_interval)
+        # The read models at the front fold the follower's pages; one behind
+        # them (just led again, after a rebuild or a failure) catches up by
+        # reads of its own, a batch per step, so that it holds no one back.
+        front = max(lead.through for lead in active)
+        group = [lead for lead in active if lead.through == front]
+        behind = [lead for lead in active if lead.through < front]
+        try:
+            if behind:
+                self._catch_up(behind, front)
+            self._gather(group)
+            page = self._next_page(front)
+        except (psycopg.Error, DatabaseUnavailable) as exc:  # no lock is at fault: keep them
+            log.warning("projections: reading the log failed (%s); trying again", exc)
+            self._stopping.wait(MIN_BACKOFF)
             return
-        self._fold(active, page)
-        for lead in active:
+        if page is None:  # nothing new since the follower's last page
+            if not behind:
+                self._wait(active, self._poll_interval)
+            return
+        self._fold(group, page)
+        for lead in group:
             lead.through = max(lead.through, page.next, lead.place)
         if time.monotonic() - self._checked > LOCK_CHECK_INTERVAL:
             self._check(active, every=True)  # a long catch-up: still connected, so still leading
-        if len(page) >= self._batch_size or self._follower is not None:
+        if len(page) >= self._batch_size or self._follower is not None or behind:
             return  # more to read, or the follower's next page to wait for
         self._wait(active, HELD_POLL if page.pending else self._poll_interval)
+
+    def _catch_up(self, behind: list[_Lead], front: Place) -> None:
+        """One batch for the read models furthest behind, read up to ``front`` at most."""
+        through = min(lead.through for lead in behind)
+        last = [lead for lead in behind if lead.through == through]
+        self.own_reads += 1
+        page = self._events.read(through, self._batch_size, stop=front)
+        self._fold(last, page)
+        for lead in last:
+            lead.through = max(lead.through, page.next, lead.place)
 
     def _take_leads(self) -> None:
         """Try the lock of each read model not led, when its turn to try has come."""
@@ -259,7 +284,7 @@ class ReadModelRunner:
             if lead.state.state != "standby":
                 log.info("projection %s: standing by (another runner holds it)", name)
             lead.state.state = "standby"
-            lead.next_try = now + STANDBY_INTERVAL
+            lead.next_try = time.monotonic() + STANDBY_INTERVAL
             return
         view = lead.model.postgres_view(self._events.datastore)
         lead.place = lead.through = view.position(self._events.application_name)
@@ -293,6 +318,7 @@ class ReadModelRunner:
             for lead, fold in folds:
                 try:
                     self._moved(lead, fold_together(self._events.datastore, [fold])[0])
+                    self.commits += 1
                 except Exception as alone:
                     self._fail(lead, alone)
             return

@@ -37,9 +37,9 @@ async def until_finished(
     The caller holds one of ``state.waits``'s slots and ``watching``, its watch
     of the session's endings (``state.waits.watch(..., ending_only=True)``),
     taken before the turn could end; it unwatches it. The turn is read only
-    when the process's follower reads an event that may end a turn of its
-    session, and first at once only with ``read_first`` (a turn submitted
-    earlier, which may have ended already).
+    when an event that may end a turn of its session is saved by this process
+    or read from the log by its follower, and first at once only with
+    ``read_first`` (a turn submitted earlier, which may have ended already).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -53,5 +53,5 @@ async def until_finished(
         remaining = deadline - loop.time()
         if remaining <= 0 or state.draining.is_set():
             return view, False
-        # Woken only when the follower reads an event ending a turn of this session.
+        # Woken only by an event ending a turn of this session (saved here, or read).
         await state.waits.wait(watching, remaining, state.draining)

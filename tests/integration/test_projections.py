@@ -165,6 +165,34 @@ def test_one_write_moves_every_read_model_in_one_commit(
     assert supervisor.commits() == 1  # not one per read model
 
 
+def test_a_read_model_far_behind_catches_up_without_holding_the_others_back(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    for number in range(600):
+        runtime.sessions.create_session(title=f"early {number}")
+    sup = ProjectionSupervisor(
+        runtime.settings, runtime.db, sessions=runtime.sessions, batch_size=5, poll_interval=0.2
+    )
+    others = ["open_turns", "tool_calls"]
+    with holding_locks(runtime.db, runtime.settings.namespace, read_models("sessions")), sup:
+        # Another process leads `sessions` meanwhile; this one leads the others.
+        head = runtime.sessions.create_session(title="head")
+        assert read.wait_for(head.position, timeout=scaled(30), names=others)
+    with sup:
+        # Let go: this process takes `sessions` over, 601 events behind.
+        poll(
+            lambda: {r["name"]: r["state"] for r in sup.runners()}["sessions"] == "active",
+            scaled(10),
+            "this process to lead sessions",
+            every=0.005,
+        )
+        late = runtime.sessions.create_session(title="late")
+        assert read.wait_for(late.position, timeout=scaled(10), names=others)
+        assert read.places(["sessions"])["sessions"] < read.events.place_of(late.position)
+        assert read.wait_for(late.position, timeout=scaled(30), names=["sessions"])
+    assert read.list_sessions(limit=1)[0][0]["title"] == "late"
+
+
 class _Poisoned(SessionsProjection):
     """The sessions read model, unable to fold the start of a session titled "poison"."""
 
