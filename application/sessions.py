@@ -163,9 +163,18 @@ class Sessions(Application[UUID]):
         return aggregate
 
     def replay_range(self, session_id: UUID, first: int, last: int) -> Session:
-        """The turns whose events lie in versions ``first..last``, rebuilt in full."""
+        """The turns whose events lie in versions ``first..last``, rebuilt in full.
+
+        From the events this process saved of the session since its last model
+        request, when they hold the whole range (a turn this process just ran);
+        else read from the store.
+        """
         if first > last:
             return replay_turns(session_id, ())
+        with self._earlier_lock:
+            kept = _between(self._saved_since.get(session_id, []), first - 1, last)
+        if kept is not None:
+            return replay_turns(session_id, kept)
         return replay_turns(session_id, self.events.get(session_id, gt=first - 1, lte=last))
 
     def turn_record(self, session_id: UUID, turn_id: str) -> tuple[Session, Turn]:

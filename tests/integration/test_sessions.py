@@ -260,3 +260,33 @@ def test_each_committed_save_is_told_to_listeners_and_a_failing_one_fails_nothin
     assert submitted.created
     assert told == [(written.session_id, ["Started"]), (written.session_id, ["TurnSubmitted"])]
     assert len(runtime.sessions.get_session(written.session_id).turns) == 2
+
+
+def test_a_turn_this_process_just_ran_is_rebuilt_from_what_it_saved_exactly_as_from_the_store(
+    runtime: Runtime, settings: Settings
+) -> None:
+    sid = runtime.sessions.create_session(title="in memory", tools=["echo"]).session_id
+    runtime.send(sid, "The codeword is saffron")  # the next turn's request keeps what follows
+    turn_id = runtime.send(sid, '/tool echo {"text": "hi"}').turn.turn_id
+    reads: list[tuple[int, int]] = []
+    get = runtime.sessions.events.get
+
+    def counted(originator_id: Any, gt: int | None = None, lte: int | None = None) -> Any:
+        if lte is not None:  # a range (a fast-forward of the cached session has none)
+            reads.append((gt or 0, lte))
+        return get(originator_id, gt=gt, lte=lte)
+
+    runtime.sessions.events.get = counted  # type: ignore[method-assign]
+    try:
+        _, here = runtime.sessions.turn_record(sid, turn_id)
+    finally:
+        del runtime.sessions.events.get
+    assert reads == []  # the turn's range came from memory
+
+    other = build_runtime(settings)  # another process: reads the range from the store
+    try:
+        _, stored = other.sessions.turn_record(sid, turn_id)
+    finally:
+        other.close()
+    assert here.state == stored.state == "completed"
+    assert here == stored
