@@ -173,6 +173,12 @@ class ReadModelRunner:
         return [lead.state for lead in self._leads]
 
     def start(self) -> None:
+        """Try every read model's lock now, then follow on the thread.
+
+        When this returns, each read model is led, stood by for or retrying:
+        readiness (``/readyz``) is true from the start, not after a race.
+        """
+        self._take_leads()
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:

@@ -150,6 +150,16 @@ def test_runners_catch_up_by_polling_when_no_notification_comes(
         assert read.wait_for(written.position, timeout=scaled(2.0))
 
 
+def test_when_start_returns_every_read_model_is_led_or_stood_by(runtime: Runtime) -> None:
+    sup = ProjectionSupervisor(
+        runtime.settings, runtime.db, ["sessions", "open_turns"], sessions=runtime.sessions
+    )
+    with holding_locks(runtime.db, runtime.settings.namespace, read_models("open_turns")), sup:
+        # What /readyz reports from the moment the process says it has started.
+        states = {r["name"]: r["state"] for r in sup.runners()}
+        assert states == {"sessions": "active", "open_turns": "standby"}
+
+
 def test_one_write_moves_every_read_model_in_one_commit(
     runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
 ) -> None:
