@@ -301,6 +301,8 @@ class Sessions(Application[UUID]):
             self._on_saved.remove(listener)
 
     def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+        """After every commit of this process's writes: keep them, then tell the listeners."""
+        self._saved(session_id, events)
         # The save has committed: a listener's failure must not make it look failed.
         for listener in list(self._on_saved):
             try:
@@ -505,7 +507,6 @@ class Sessions(Application[UUID]):
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
                 continue
-            self._saved(session.id, pending)
             self._tell_saved(session.id, pending)
             position = recordings[-1].notification.id
             return result, Written(session.id, session.version, position)

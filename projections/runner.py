@@ -263,8 +263,7 @@ class ReadModelRunner:
         """One batch for the read models furthest behind, read up to ``front`` at most."""
         through = min(lead.through for lead in behind)
         last = [lead for lead in behind if lead.through == through]
-        self.own_reads += 1
-        page = self._events.read(through, self._batch_size, stop=front)
+        page = self._read(through, stop=front)
         self._fold(last, page)
         for lead in last:
             lead.through = max(lead.through, page.next, lead.place)
@@ -408,9 +407,9 @@ class ReadModelRunner:
             return self._read(through)  # catching up
         return None
 
-    def _read(self, through: Place) -> LogPage:
+    def _read(self, through: Place, stop: Place | None = None) -> LogPage:
         self.own_reads += 1
-        return self._events.read(through, self._batch_size)
+        return self._events.read(through, self._batch_size, stop)
 
     # ------------------------------------------------------------ waiting
 
@@ -438,7 +437,6 @@ class ReadModelRunner:
         # after a quiet wait) a round trip tells whether it is still
         # connected, so still the lock holder. A bell with quiet sockets needs none.
         self._check(active, every=not rung, readable=set(ready))
-        self._checked = time.monotonic()
 
     def _check(self, active: list[_Lead], *, every: bool, readable: set[int] | None = None) -> None:
         for lead in active:
