@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from tests.conftest import drop_namespace, turnlog_env  # noqa: E402
+from tests.fault.cluster import free_port  # noqa: E402
 from turnlog.application import database  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
 from turnlog.domain.session import Session  # noqa: E402
@@ -62,12 +62,6 @@ def _session(index: int) -> Session:
     s.record_model_reply(turn.turn_id, claim, "done", [])
     s.complete_turn(turn.turn_id, claim, "done")
     return s
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_once(settings: Settings) -> tuple[float, float]:

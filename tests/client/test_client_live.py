@@ -19,7 +19,8 @@ import pytest
 import turnlog
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, turnlog_env
-from tests.e2e.test_serve import free_port, wait_ready
+from tests.e2e.test_serve import wait_ready
+from tests.fault.cluster import free_port
 from tests.fault.proxy import Proxy
 from turnlog.application.settings import Settings
 from turnlog.interface.client.models import Event, Turn

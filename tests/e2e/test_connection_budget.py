@@ -21,7 +21,8 @@ import pytest
 
 from tests.conftest import ROOT, turnlog_env
 from tests.deadlines import scaled
-from tests.e2e.test_serve import free_port, wait_ready
+from tests.e2e.test_serve import wait_ready
+from tests.fault.cluster import free_port
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
 

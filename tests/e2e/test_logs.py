@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, turnlog_env
-from tests.e2e.test_serve import free_port, wait_ready
+from tests.e2e.test_serve import wait_ready
+from tests.fault.cluster import free_port
 from tests.openai_stub import StubOpenAI, reply, tool_calls
 from tests.unit.test_docker import LONG_RUNNING, exec_form, instructions, services
 from turnlog.application.settings import Settings

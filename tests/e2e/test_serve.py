@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,15 +18,10 @@ import pytest
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, turnlog, turnlog_env
 from tests.deadlines import scaled
+from tests.fault.cluster import free_port
 from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

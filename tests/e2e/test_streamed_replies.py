@@ -23,7 +23,8 @@ import pytest
 
 from tests.conftest import ROOT, turnlog_env
 from tests.deadlines import scaled
-from tests.e2e.test_serve import free_port, wait_ready
+from tests.e2e.test_serve import wait_ready
+from tests.fault.cluster import free_port
 from tests.openai_stub import StubOpenAI, pieces, streamed
 from turnlog import Client
 from turnlog.application.settings import Settings

@@ -6,6 +6,7 @@ Every wait polls with a deadline; nothing sleeps to wait for something.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,9 +37,30 @@ def poll(check: Callable[[], T | None], deadline: float = 20.0, what: str = "con
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, for a server that binds it a moment later.
+
+    It is taken below the kernel's range of ephemeral ports: a port from that
+    range (what binding port 0 gives) may be handed, before the server binds
+    it, to any outgoing connection or to another test's server on port 0, and
+    the test would then talk to someone else's server.
+    """
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 class Process:
