@@ -123,25 +123,38 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         expected: Place | None,
         scopes: Iterable[Key],
     ) -> Iterator[None]:
-        """``batch`` inside a transaction the caller holds open on ``conn`` (and commits)."""
-        # Pipelined: the claim and the rows' load go in one round trip (with
-        # BEGIN, the first batch of a transaction); the rows' writes and the
-        # new place in another.
-        claim, curs = conn.cursor(), conn.cursor()
-        claim.execute(self._claim, (application_name,), prepare=True)
+        """``batch`` inside a transaction the caller holds open on ``conn`` (and commits).
+
+        The rows are loaded first and the claim comes last, sent with the
+        writes in one round trip. A transaction takes a transaction id at its
+        first write (the claim locks the tracking row), and while that id
+        runs it holds the log's commit horizon for every reader of the log
+        (application/logorder.py): claimed first, a batch held it through its
+        loads and all of its folding, hundreds of milliseconds on a busy
+        machine. Loading before the claim is as safe: every write of a view
+        commits with its place, so rows changed since the load mean a moved
+        place, and the claim's check refuses the batch before it commits.
+        """
+        curs = conn.cursor()
         wanted = self._keys(scopes)
-        if wanted:
-            curs.execute(self._load_rows, self._columns(wanted))
-        self._check_claim(claim.fetchone(), expected)
-        rows = Rows(self.table, (dict(r) for r in curs.fetchall()) if wanted else ())
+        loaded = curs.execute(self._load_rows, self._columns(wanted)).fetchall() if wanted else []
+        rows = Rows(self.table, (dict(r) for r in loaded))
         self._batch, self._batch_position = rows, None
         try:
             yield
         finally:
             self._batch = None
-        if self._batch_position is not None:
+        claim = conn.cursor()
+        claim.execute(self._claim, (application_name,), prepare=True)
+        place = self._batch_position
+        if place is not None:
             self._flush(curs, rows)
-            self._insert_place(curs, application_name, self._batch_position)
+            curs.execute(
+                self._upsert_place, self._place_params(application_name, place), prepare=True
+            )
+        self._check_claim(claim.fetchone(), expected)
+        if place is not None:
+            self._check_place(curs.fetchone(), application_name, place)
 
     @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
@@ -169,9 +182,19 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         self._insert_place(curs, tracking.application_name, place_of_tracking(tracking))
 
     def _insert_place(self, curs: Cursor[DictRow], application_name: str, place: Place) -> None:
-        found = curs.execute(
-            self._upsert_place, (application_name, place.position, str(place.xact)), prepare=True
-        ).fetchone()
+        params = self._place_params(application_name, place)
+        self._check_place(
+            curs.execute(self._upsert_place, params, prepare=True).fetchone(),
+            application_name,
+            place,
+        )
+
+    @staticmethod
+    def _place_params(application_name: str, place: Place) -> tuple[str, int, str]:
+        return (application_name, place.position, str(place.xact))
+
+    @staticmethod
+    def _check_place(found: Any, application_name: str, place: Place) -> None:
         if found is None:
             raise IntegrityError(
                 f"Failed to record tracking for {application_name} {place.position}"

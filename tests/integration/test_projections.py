@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 import pytest
 from eventsourcing.persistence import Tracking
 
@@ -15,8 +17,10 @@ from turnlog.application.errors import (
     InvalidCursor,
     InvalidQuery,
     ProjectionBusy,
+    ProjectionConflict,
     UnknownProjection,
 )
+from turnlog.application.logorder import place_of_tracking
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
@@ -24,6 +28,7 @@ from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import disagreements
 from turnlog.projections.rebuild import holding_locks, rebuild, verify
 from turnlog.projections.sessions_view import SessionsProjection
+from turnlog.projections.view import Fold, PostgresReadModelView
 
 
 @pytest.fixture
@@ -302,3 +307,74 @@ def test_rebuild_refuses_while_a_runner_holds_the_lock(runtime: Runtime, read: R
         pytest.raises(ProjectionBusy, match="open_turns"),
     ):
         rebuild(read.events, runtime.db, settings.namespace, read_models(), wait=0.2)
+
+
+def _one_batch(read: ReadModels) -> tuple[PostgresReadModelView, Fold]:
+    """The sessions view and a fold of every event it has not folded yet."""
+    model = read_models("sessions")[0]
+    view = model.postgres_view(read.events.datastore)
+    expected = view.position(read.events.application_name)
+    page = read.events.read(expected, 100)
+    return view, Fold(view, model.projection(view), expected, read.events.decode(page.records))
+
+
+def _folding(conn: Any, fold: Fold) -> AbstractContextManager[None]:
+    scopes = [fold.view.table.scope_of(event) for event, _ in fold.events]
+    name = fold.events[0][1].application_name
+    return fold.view.batch_in(conn, name, fold.expected, [s for s in scopes if s is not None])
+
+
+def test_a_batch_takes_no_transaction_id_until_its_writes_and_so_holds_no_log_reader_back(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    # A running transaction id holds the log's commit horizon for every reader
+    # (application/logorder.py); a batch's loads and folding must not.
+    runtime.sessions.create_session(title="folded")
+    view, fold = _one_batch(read)
+    with (
+        psycopg.connect(runtime.db.conninfo, autocommit=True) as other,
+        read.events.datastore.get_connection() as conn,
+        conn.pipeline(),
+        conn.transaction(),
+        _folding(conn, fold),
+    ):
+        for event, tracking in fold.events:
+            fold.projection.process_event(event, tracking)
+        found = other.execute(
+            "SELECT backend_xid FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
+        ).fetchone()
+        assert found == (None,)
+    assert view.position(read.events.application_name) == place_of_tracking(fold.events[-1][1])
+    assert [row["title"] for row in read.list_sessions()[0]] == ["folded"]
+
+
+def test_a_batch_whose_place_moved_after_its_rows_were_loaded_is_refused_and_writes_nothing(
+    runtime: Runtime, read: ReadModels
+) -> None:
+    runtime.sessions.create_session(title="once")
+    view, fold = _one_batch(read)
+    _, rival = _one_batch(read)
+    with pytest.raises(ProjectionConflict, match="another runner advanced it"):  # noqa: SIM117
+        with (
+            read.events.datastore.get_connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+            _folding(conn, fold),
+        ):
+            for event, tracking in fold.events:
+                fold.projection.process_event(event, tracking)
+            # Another runner folds the same events and commits between this
+            # batch's load and its claim (bounded: a batch that claimed first
+            # would hold the lock it needs).
+            with (
+                read.events.datastore.get_connection() as rival_conn,
+                rival_conn.pipeline(),
+                rival_conn.transaction(),
+            ):
+                rival_conn.execute(f"SET LOCAL lock_timeout = '{scaled(10):.0f}s'")
+                with _folding(rival_conn, rival):
+                    for event, tracking in rival.events:
+                        rival.projection.process_event(event, tracking)
+    assert view.position(read.events.application_name) == place_of_tracking(fold.events[-1][1])
+    [row] = read.list_sessions()[0]
+    assert (row["title"], row["version"]) == ("once", 1)
