@@ -16,9 +16,8 @@ the instance.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -94,26 +93,69 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
 
     # ---------------------------------------------------------------- writing
 
-    @contextmanager
-    def batch(
-        self, application_name: str, expected: Place | None, scopes: Iterable[Key]
-    ) -> Iterator[None]:
-        """Fold many events in one transaction with one tracking update.
+    # A batch folds many events in one transaction with one tracking update,
+    # in three steps that several views interleave on one pipelined
+    # connection (``fold_together``): each step's statements for every view
+    # go in one round trip.
+    #
+    # 1. ``load``: the rows the events touch.
+    # 2. the events are folded, in memory (``change`` and ``insert_tracking``
+    #    see the open batch).
+    # 3. ``finish``: the claim, the rows' writes and the new place, checked
+    #    before the caller commits.
+    #
+    # The claim locks the tracking row and compares it with ``expected``, the
+    # place the caller read before it chose the batch: if another runner
+    # advanced it, the batch is refused (``ProjectionConflict``) instead of
+    # applying events twice. (The library's own check, that the tracking
+    # upsert only moves forward, is not enough for batches of different
+    # lengths.) It comes last, not first: a transaction takes a transaction
+    # id at its first write, and while that id runs it holds the log's commit
+    # horizon for every reader of the log (application/logorder.py); claimed
+    # first, a batch held it through its loads and all of its folding,
+    # hundreds of milliseconds on a busy machine. Loading before the claim is
+    # as safe: every write of a view commits with its place, so rows changed
+    # since the load mean a moved place, and the claim refuses the batch
+    # before anything commits.
 
-        ``expected`` is the position the caller read before selecting the
-        batch. The tracking row is locked and compared with it first: if
-        another runner advanced it meanwhile, the batch is refused
-        (``ProjectionConflict``) instead of applying events twice. The
-        library's own check (the tracking upsert only moves forward) is not
-        enough for batches of different lengths.
-        """
-        with (
-            self.datastore.get_connection() as conn,
-            conn.pipeline(),
-            conn.transaction(),
-            self.batch_in(conn, application_name, expected, scopes),
-        ):
-            yield
+    def load(self, conn: Connection[DictRow], scopes: Iterable[Key]) -> Callable[[], None]:
+        """Send the load of the batch's rows; the function returned opens the batch with them."""
+        curs = conn.cursor()
+        wanted = self._keys(scopes)
+        if wanted:
+            curs.execute(self._load_rows, self._columns(wanted))
+
+        def opened() -> None:
+            loaded = curs.fetchall() if wanted else []
+            self._batch = Rows(self.table, (dict(r) for r in loaded))
+            self._batch_position = None
+
+        return opened
+
+    def finish(
+        self, conn: Connection[DictRow], application_name: str, expected: Place | None
+    ) -> Callable[[], None]:
+        """Send the claim, the writes and the new place; the function returned checks them."""
+        rows, place = self._batch, self._batch_position
+        assert rows is not None, "finish() without an open batch"
+        claim, curs = conn.cursor(), conn.cursor()
+        claim.execute(self._claim, (application_name,), prepare=True)
+        if place is not None:
+            self._flush(curs, rows)
+            curs.execute(
+                self._upsert_place, self._place_params(application_name, place), prepare=True
+            )
+
+        def checked() -> None:
+            self._check_claim(claim.fetchone(), expected)
+            if place is not None:
+                self._check_place(curs.fetchone(), application_name, place)
+
+        return checked
+
+    def close(self) -> None:
+        """End the open batch (written or not)."""
+        self._batch = None
 
     @contextmanager
     def batch_in(
@@ -123,38 +165,17 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         expected: Place | None,
         scopes: Iterable[Key],
     ) -> Iterator[None]:
-        """``batch`` inside a transaction the caller holds open on ``conn`` (and commits).
+        """One view's batch inside a transaction the caller holds open on ``conn`` (and commits).
 
-        The rows are loaded first and the claim comes last, sent with the
-        writes in one round trip. A transaction takes a transaction id at its
-        first write (the claim locks the tracking row), and while that id
-        runs it holds the log's commit horizon for every reader of the log
-        (application/logorder.py): claimed first, a batch held it through its
-        loads and all of its folding, hundreds of milliseconds on a busy
-        machine. Loading before the claim is as safe: every write of a view
-        commits with its place, so rows changed since the load mean a moved
-        place, and the claim's check refuses the batch before it commits.
+        Its events are folded inside the ``with``; see above for the steps.
         """
-        curs = conn.cursor()
-        wanted = self._keys(scopes)
-        loaded = curs.execute(self._load_rows, self._columns(wanted)).fetchall() if wanted else []
-        rows = Rows(self.table, (dict(r) for r in loaded))
-        self._batch, self._batch_position = rows, None
+        self.load(conn, scopes)()
         try:
             yield
+            checked = self.finish(conn, application_name, expected)
         finally:
-            self._batch = None
-        claim = conn.cursor()
-        claim.execute(self._claim, (application_name,), prepare=True)
-        place = self._batch_position
-        if place is not None:
-            self._flush(curs, rows)
-            curs.execute(
-                self._upsert_place, self._place_params(application_name, place), prepare=True
-            )
-        self._check_claim(claim.fetchone(), expected)
-        if place is not None:
-            self._check_place(curs.fetchone(), application_name, place)
+            self.close()
+        checked()
 
     @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
@@ -444,17 +465,26 @@ def fold_together(datastore: PostgresDatastore, folds: Sequence[Fold]) -> list[P
     live = [f for f in folds if f.events]
     if not live:
         return [f.expected for f in folds]
-    with (
-        datastore.get_connection() as conn,
-        conn.pipeline(),
-        conn.transaction(),
-        contextlib.ExitStack() as batches,
-    ):
-        for fold in live:
-            scoped = (fold.view.table.scope_of(e) for e, _ in fold.events)
-            scopes = [s for s in scoped if s is not None]
-            name = fold.events[0][1].application_name
-            batches.enter_context(fold.view.batch_in(conn, name, fold.expected, scopes))
-            for event, tracking in fold.events:
-                fold.projection.process_event(event, tracking)
+    with datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
+        try:
+            for opened in [fold.view.load(conn, scopes_of(fold)) for fold in live]:
+                opened()
+            for fold in live:
+                for event, tracking in fold.events:
+                    fold.projection.process_event(event, tracking)
+            checks = [
+                fold.view.finish(conn, fold.events[0][1].application_name, fold.expected)
+                for fold in live
+            ]
+        finally:
+            for fold in live:
+                fold.view.close()
+        for checked in checks:
+            checked()
     return [place_of_tracking(f.events[-1][1]) if f.events else f.expected for f in folds]
+
+
+def scopes_of(fold: Fold) -> list[Key]:
+    """The scopes (row groups) a fold's events touch."""
+    scoped = (fold.view.table.scope_of(event) for event, _ in fold.events)
+    return [scope for scope in scoped if scope is not None]
