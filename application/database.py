@@ -93,6 +93,18 @@ def connect(db: Database, *, autocommit: bool = True, **kwargs: Any) -> psycopg.
         raise DatabaseUnavailable(f"cannot reach {db.describe()}: {exc}") from None
 
 
+def rendered(statement: sql.Composable) -> bytes:
+    """A composed statement as the bytes sent to the server, composed once.
+
+    psycopg composes a ``Composed`` statement again at every execute (and,
+    in ``executemany``, at every row), quoting each identifier anew; bytes
+    it parses once and keeps. For the statements run on every turn, every
+    batch and every row. Identifiers are quoted by psycopg's own rules, as
+    when composed against a connection (every turnlog database is UTF-8).
+    """
+    return statement.as_bytes(None)
+
+
 def lock_key(*parts: str) -> int:
     """A signed 64-bit advisory lock key for the given names."""
     digest = hashlib.blake2b(":".join(parts).encode(), digest_size=8).digest()

@@ -26,12 +26,14 @@ transaction id is looked up (``place_of``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from eventsourcing.persistence import Notification, Tracking
 from psycopg import Cursor, sql
 
+from turnlog.application.database import rendered
 from turnlog.application.errors import InvalidPosition
 
 # The sort key of a row: old rows (NULL) first, as transaction 0.
@@ -175,6 +177,12 @@ def read_statement(qualified: sql.Composable, *, stop: bool) -> sql.Composed:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _read_once(qualified: bytes, *, stop: bool) -> bytes:
+    """``read_statement`` for a table, composed once (application/database.py: ``rendered``)."""
+    return rendered(read_statement(sql.SQL(qualified.decode()), stop=stop))
+
+
 def read_log(
     curs: Cursor[Any],
     qualified: sql.Composable,
@@ -187,7 +195,7 @@ def read_log(
     Only rows below the horizon are read, with the horizon taken in the same
     statement: the rows returned, and every row before them, are final.
     """
-    statement = read_statement(qualified, stop=stop is not None)
+    statement = _read_once(qualified.as_bytes(None), stop=stop is not None)
     params: list[Any] = [*after.params(), *(stop.params() if stop else ()), limit]
     rows = curs.execute(statement, params).fetchall()
     records = [

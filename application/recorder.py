@@ -41,6 +41,7 @@ from psycopg import InterfaceError, OperationalError
 from psycopg.sql import SQL, Identifier
 
 from turnlog.application import chain, logorder
+from turnlog.application.database import rendered
 from turnlog.application.errors import ApplicationError
 
 log = logging.getLogger("turnlog.recorder")
@@ -68,7 +69,7 @@ class Notifier:
 
     def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
         self._datastore = datastore
-        self._statement = SQL("NOTIFY {}").format(Identifier(channel))
+        self._statement = rendered(SQL("NOTIFY {}").format(Identifier(channel)))
         self._wanted = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -136,7 +137,7 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             logorder.migration_statements(schema, self.events_table_name)
         )
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
-        self._insert = chain.insert_statement(schema, self.events_table_name)
+        self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
         self.notifier = Notifier(self.datastore, self.channel_name)
         # The factory flushes it when the application closes (application/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])

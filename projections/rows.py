@@ -129,7 +129,11 @@ def storable(value: Any) -> Any:
 
 def storable_key(key: Key) -> Key:
     """A key as the rows hold it (ids from events may carry NUL too)."""
-    return tuple(storable(part) for part in key)
+    # Every row lookup asks: the key itself unless a part needs replacing.
+    for part in key:
+        if isinstance(part, str) and "\x00" in part:
+            return tuple(storable(p) for p in key)
+    return key if isinstance(key, tuple) else tuple(key)
 
 
 def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:

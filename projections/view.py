@@ -29,6 +29,7 @@ from psycopg import Connection, Cursor, sql
 from psycopg.rows import DictRow
 
 from turnlog.application import logorder
+from turnlog.application.database import rendered
 from turnlog.application.errors import ProjectionConflict
 from turnlog.application.logorder import Place, place_of_tracking
 from turnlog.projections.rows import Key, Row, Rows, Table, storable_key
@@ -371,29 +372,31 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
                     sql.SQL(", ").join(ident(c) for c in columns),
                 )
             )
-        self._load_rows = sql.SQL(
-            "SELECT {} FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))"
-        ).format(
-            self._column_list,
-            self._qualified,
-            sql.SQL(", ").join(ident(c) for c in table.scope),
-            sql.SQL(", ").join(
-                sql.SQL("%s::{}[]").format(sql.SQL(table.sql_type(c))) for c in table.scope
-            ),
+        self._load_rows = rendered(
+            sql.SQL("SELECT {} FROM {} WHERE ({}) IN (SELECT * FROM unnest({}))").format(
+                self._column_list,
+                self._qualified,
+                sql.SQL(", ").join(ident(c) for c in table.scope),
+                sql.SQL(", ").join(
+                    sql.SQL("%s::{}[]").format(sql.SQL(table.sql_type(c))) for c in table.scope
+                ),
+            )
         )
         updates = [c for c in table.names if c not in table.key]
-        self._upsert = sql.SQL(
-            "INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}"
-        ).format(
-            self._qualified,
-            self._column_list,
-            sql.SQL(", ").join(sql.Placeholder() * len(table.names)),
-            keys,
-            sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(ident(c)) for c in updates),
+        self._upsert = rendered(
+            sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}").format(
+                self._qualified,
+                self._column_list,
+                sql.SQL(", ").join(sql.Placeholder() * len(table.names)),
+                keys,
+                sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(ident(c)) for c in updates),
+            )
         )
-        self._delete = sql.SQL("DELETE FROM {} WHERE {}").format(
-            self._qualified,
-            sql.SQL(" AND ").join(sql.SQL("{} = %s").format(ident(c)) for c in table.key),
+        self._delete = rendered(
+            sql.SQL("DELETE FROM {} WHERE {}").format(
+                self._qualified,
+                sql.SQL(" AND ").join(sql.SQL("{} = %s").format(ident(c)) for c in table.key),
+            )
         )
         self._delete_all = sql.SQL("DELETE FROM {}").format(self._qualified)
         self._delete_position = sql.SQL("DELETE FROM {} WHERE application_name = %s").format(
@@ -401,25 +404,29 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         )
         place = sql.SQL("notification_id, coalesce(xact_id, '0'::xid8)::text AS xact")
         # Upserting with a no-op update locks the row (made if missing) and returns it.
-        self._claim = sql.SQL(
-            "INSERT INTO {t} AS r (application_name, notification_id) VALUES (%s, 0)"
-            " ON CONFLICT (application_name) DO UPDATE SET notification_id = r.notification_id"
-            " RETURNING {place}"
-        ).format(
-            t=tracking,
-            place=sql.SQL("r.notification_id, coalesce(r.xact_id, '0'::xid8)::text AS xact"),
+        self._claim = rendered(
+            sql.SQL(
+                "INSERT INTO {t} AS r (application_name, notification_id) VALUES (%s, 0)"
+                " ON CONFLICT (application_name) DO UPDATE SET notification_id = r.notification_id"
+                " RETURNING {place}"
+            ).format(
+                t=tracking,
+                place=sql.SQL("r.notification_id, coalesce(r.xact_id, '0'::xid8)::text AS xact"),
+            )
         )
         self._select_position = sql.SQL("SELECT {} FROM {} WHERE application_name = %s").format(
             place, tracking
         )
-        self._upsert_place = sql.SQL(
-            "INSERT INTO {t} AS r (application_name, notification_id, xact_id)"
-            " VALUES (%s, %s, %s::xid8) ON CONFLICT (application_name) DO UPDATE"
-            " SET notification_id = EXCLUDED.notification_id, xact_id = EXCLUDED.xact_id"
-            " WHERE (coalesce(r.xact_id, '0'::xid8), r.notification_id)"
-            "  < (EXCLUDED.xact_id, EXCLUDED.notification_id)"
-            " RETURNING notification_id"
-        ).format(t=tracking)
+        self._upsert_place = rendered(
+            sql.SQL(
+                "INSERT INTO {t} AS r (application_name, notification_id, xact_id)"
+                " VALUES (%s, %s, %s::xid8) ON CONFLICT (application_name) DO UPDATE"
+                " SET notification_id = EXCLUDED.notification_id, xact_id = EXCLUDED.xact_id"
+                " WHERE (coalesce(r.xact_id, '0'::xid8), r.notification_id)"
+                "  < (EXCLUDED.xact_id, EXCLUDED.notification_id)"
+                " RETURNING notification_id"
+            ).format(t=tracking)
+        )
         # Tracking tables made by older code gain the column (NULL: transaction 0).
         self.sql_create_statements.append(
             logorder.add_column_statement(
