@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -318,10 +318,21 @@ def _one_batch(read: ReadModels) -> tuple[PostgresReadModelView, Fold]:
     return view, Fold(view, model.projection(view), expected, read.events.decode(page.records))
 
 
-def _folding(conn: Any, fold: Fold) -> AbstractContextManager[None]:
+@contextmanager
+def _in_batch(read: ReadModels, fold: Fold, lock_timeout: float | None = None) -> Iterator[Any]:
+    """One view's batch on a connection of its own, its events folded: yields the connection.
+
+    It is checked and committed when the ``with`` ends.
+    """
     scopes = [fold.view.table.scope_of(event) for event, _ in fold.events]
     name = fold.events[0][1].application_name
-    return fold.view.batch_in(conn, name, fold.expected, [s for s in scopes if s is not None])
+    with read.events.datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
+        if lock_timeout is not None:
+            conn.execute(f"SET LOCAL lock_timeout = '{lock_timeout:.0f}s'")
+        with fold.view.batch_in(conn, name, fold.expected, [s for s in scopes if s is not None]):
+            for event, tracking in fold.events:
+                fold.projection.process_event(event, tracking)
+            yield conn
 
 
 def test_a_batch_takes_no_transaction_id_until_its_writes_and_so_holds_no_log_reader_back(
@@ -333,13 +344,8 @@ def test_a_batch_takes_no_transaction_id_until_its_writes_and_so_holds_no_log_re
     view, fold = _one_batch(read)
     with (
         psycopg.connect(runtime.db.conninfo, autocommit=True) as other,
-        read.events.datastore.get_connection() as conn,
-        conn.pipeline(),
-        conn.transaction(),
-        _folding(conn, fold),
+        _in_batch(read, fold) as conn,
     ):
-        for event, tracking in fold.events:
-            fold.projection.process_event(event, tracking)
         found = other.execute(
             "SELECT backend_xid FROM pg_stat_activity WHERE pid = %s", (conn.info.backend_pid,)
         ).fetchone()
@@ -354,27 +360,15 @@ def test_a_batch_whose_place_moved_after_its_rows_were_loaded_is_refused_and_wri
     runtime.sessions.create_session(title="once")
     view, fold = _one_batch(read)
     _, rival = _one_batch(read)
-    with pytest.raises(ProjectionConflict, match="another runner advanced it"):  # noqa: SIM117
-        with (
-            read.events.datastore.get_connection() as conn,
-            conn.pipeline(),
-            conn.transaction(),
-            _folding(conn, fold),
-        ):
-            for event, tracking in fold.events:
-                fold.projection.process_event(event, tracking)
-            # Another runner folds the same events and commits between this
-            # batch's load and its claim (bounded: a batch that claimed first
-            # would hold the lock it needs).
-            with (
-                read.events.datastore.get_connection() as rival_conn,
-                rival_conn.pipeline(),
-                rival_conn.transaction(),
-            ):
-                rival_conn.execute(f"SET LOCAL lock_timeout = '{scaled(10):.0f}s'")
-                with _folding(rival_conn, rival):
-                    for event, tracking in rival.events:
-                        rival.projection.process_event(event, tracking)
+    with (
+        pytest.raises(ProjectionConflict, match="another runner advanced it"),
+        _in_batch(read, fold),
+        # Another runner folds the same events and commits (it ends first)
+        # between this batch's load and its claim. Bounded: a batch that
+        # claimed first would hold the lock the other one needs.
+        _in_batch(read, rival, lock_timeout=scaled(10)),
+    ):
+        pass
     assert view.position(read.events.application_name) == place_of_tracking(fold.events[-1][1])
     [row] = read.list_sessions()[0]
     assert (row["title"], row["version"]) == ("once", 1)
