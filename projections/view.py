@@ -159,26 +159,6 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         self._batch = None
 
     @contextmanager
-    def batch_in(
-        self,
-        conn: Connection[DictRow],
-        application_name: str,
-        expected: Place | None,
-        scopes: Iterable[Key],
-    ) -> Iterator[None]:
-        """One view's batch inside a transaction the caller holds open on ``conn`` (and commits).
-
-        Its events are folded inside the ``with``; see above for the steps.
-        """
-        self.load(conn, scopes)()
-        try:
-            yield
-            checked = self.finish(conn, application_name, expected)
-        finally:
-            self.close()
-        checked()
-
-    @contextmanager
     def change(self, event: Any, tracking: Tracking) -> Iterator[Rows]:
         if self._batch is not None:
             self._batch_position = place_of_tracking(tracking)

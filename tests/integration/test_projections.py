@@ -28,7 +28,7 @@ from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import disagreements
 from turnlog.projections.rebuild import holding_locks, rebuild, verify
 from turnlog.projections.sessions_view import SessionsProjection
-from turnlog.projections.view import Fold, PostgresReadModelView
+from turnlog.projections.view import Fold, PostgresReadModelView, scopes_of
 
 
 @pytest.fixture
@@ -322,17 +322,20 @@ def _one_batch(read: ReadModels) -> tuple[PostgresReadModelView, Fold]:
 def _in_batch(read: ReadModels, fold: Fold, lock_timeout: float | None = None) -> Iterator[Any]:
     """One view's batch on a connection of its own, its events folded: yields the connection.
 
-    It is checked and committed when the ``with`` ends.
+    The steps of ``fold_together``; the batch is checked and committed when the ``with`` ends.
     """
-    scopes = [fold.view.table.scope_of(event) for event, _ in fold.events]
-    name = fold.events[0][1].application_name
     with read.events.datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
         if lock_timeout is not None:
             conn.execute(f"SET LOCAL lock_timeout = '{lock_timeout:.0f}s'")
-        with fold.view.batch_in(conn, name, fold.expected, [s for s in scopes if s is not None]):
+        fold.view.load(conn, scopes_of(fold))()
+        try:
             for event, tracking in fold.events:
                 fold.projection.process_event(event, tracking)
             yield conn
+            checked = fold.view.finish(conn, fold.events[0][1].application_name, fold.expected)
+        finally:
+            fold.view.close()
+        checked()
 
 
 def test_a_batch_takes_no_transaction_id_until_its_writes_and_so_holds_no_log_reader_back(
