@@ -5,6 +5,10 @@
 ``all`` (the default). Every role answers ``/healthz``, ``/readyz`` and
 ``/metrics`` on its port; only ``api`` and ``all`` serve ``/v1``.
 
+``--split`` (with ``all``) runs the worker and the projection runners as
+child processes, so serve uses up to three cores instead of one
+(``interface.children``).
+
 SIGTERM and SIGINT (Ctrl-C) alike are uvicorn's graceful shutdown: stop
 accepting, let in-flight requests finish (waits and event streams end
 early), then drain the worker for up to ``--drain-timeout`` seconds and stop
@@ -15,15 +19,22 @@ the process exits without waiting for it. A second signal exits at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
+import os
 import socket
-from typing import Annotated
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from turnlog.application.settings import Settings
 from turnlog.interface.logs import configure_logging
 from turnlog.interface.roles import Role
+from turnlog.interface.terminal import refusals
+
+if TYPE_CHECKING:
+    from turnlog.interface.children import Children
 
 
 def serve(
@@ -40,10 +51,22 @@ def serve(
         float,
         typer.Option(min=0, help="On SIGTERM or SIGINT, seconds to finish the current steps."),
     ] = 30.0,
+    split: Annotated[
+        bool,
+        typer.Option(
+            "--split",
+            help="With --role all: run the worker and the projection runners as child"
+            " processes (up to three cores instead of one; Linux).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the HTTP API with a worker and the projection runners (see --role)."""
     settings: Settings = ctx.find_root().obj.settings()
-    refusal = open_bind_refusal(host, settings) or busy_port_refusal(host, port)
+    refusal = (
+        split_refusal(split, role)
+        or open_bind_refusal(host, settings)
+        or busy_port_refusal(host, port)
+    )
     if refusal:
         typer.echo(f"error: {refusal}", err=True)
         raise typer.Exit(2)
@@ -54,16 +77,52 @@ def serve(
     from turnlog.interface.http.state import Options
 
     options = Options(drain_timeout=drain_timeout)
-    app = create_app(settings, role=role, worker_concurrency=concurrency, options=options)
+    here = Role.API if split else role
+    app = create_app(settings, role=here, worker_concurrency=concurrency, options=options)
     server = draining_server(app, settings, host, port)
-    # uvicorn raises a SIGINT it caught again once it has shut down; the stop
-    # was orderly, so no traceback.
-    with contextlib.suppress(KeyboardInterrupt):
-        server.run()
+    children = None
+    if split:
+        children = _start_children(settings, concurrency, drain_timeout, server.stop)
+        server.after_shutdown = functools.partial(children.stop, drain_timeout)
+    try:
+        # uvicorn raises a SIGINT it caught again once it has shut down; the stop
+        # was orderly, so no traceback.
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
+    finally:
+        if children is not None:
+            children.stop(drain_timeout)
+    if children is not None and children.failed is not None:
+        raise typer.Exit(1)
     if server.signalled is not None:
         exit_now(128 + server.signalled)
     if not server.started:
         raise typer.Exit(1)
+
+
+def split_refusal(split: bool, role: Role) -> str:
+    """Why ``--split`` is refused here ('' when it is not asked for or allowed)."""
+    from turnlog.interface.children import unsupported_reason
+
+    if not split:
+        return ""
+    if role is not Role.ALL:
+        return f"--split splits --role all into three processes; --role {role} is one of them"
+    return unsupported_reason()
+
+
+def _start_children(
+    settings: Settings, concurrency: int, drain_timeout: float, on_exit: Callable[[], None]
+) -> Children:
+    """The worker and the projections runner, once the database is there for them."""
+    from turnlog.application.database import locate
+    from turnlog.interface.children import Children, child_env, role_commands
+
+    with refusals():
+        locate(settings)  # starts an embedded server once, before two children look for it
+    return Children.start(
+        role_commands(concurrency, drain_timeout), child_env(settings, os.environ), on_exit
+    )
 
 
 def open_bind_refusal(host: str, settings: Settings) -> str:

@@ -123,3 +123,11 @@ def stop_on_signals() -> SignalStop:
     signal.signal(signal.SIGTERM, stop._on_signal)
     signal.signal(signal.SIGINT, stop._on_signal)
     return stop
+
+
+def signal_name(number: int) -> str:
+    """SIGTERM for 15; "signal N" for a number with no name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

@@ -5,10 +5,12 @@ Imported only by the ``serve`` command, so the CLI's other commands never load u
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import signal
+import socket
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -17,6 +19,7 @@ from fastapi import FastAPI
 
 from turnlog.application.settings import Settings
 from turnlog.interface.http.protocol import timed_protocol
+from turnlog.interface.terminal import signal_name
 
 GRACEFUL_SECONDS = 30
 log = logging.getLogger("turnlog.serve")
@@ -49,15 +52,28 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._draining = draining
         self.signalled: int | None = None  # the first stop signal, if one came
+        # Runs (in a thread) once the API has shut down, before uvicorn re-raises
+        # the stop signal, which ends the process.
+        self.after_shutdown: Callable[[], None] | None = None
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.after_shutdown is not None:
+            await asyncio.to_thread(self.after_shutdown)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.signalled is not None:
-            log.warning("second %s: exiting now; open turns are left to recovery", _name(sig))
+            log.warning("second %s: exiting now; open turns are left to recovery", signal_name(sig))
             exit_now(128 + sig)
         self.signalled = sig
-        log.info("%s: stopping (a second one exits at once)", _name(sig))
+        log.info("%s: stopping (a second one exits at once)", signal_name(sig))
         self._draining.set()
         super().handle_exit(sig, frame)
+
+    def stop(self) -> None:
+        """Stop as on a signal, from any thread, without a signal (a child of serve died)."""
+        self._draining.set()
+        self.should_exit = True
 
 
 def exit_now(code: int) -> None:
@@ -71,10 +87,3 @@ def exit_now(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
-
-
-def _name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"

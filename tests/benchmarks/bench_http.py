@@ -120,8 +120,11 @@ def drive(turn_fns: list[Callable[[], float]], turns: int) -> tuple[list[float],
     return [x for xs in latencies for x in xs], wall
 
 
-def http_run(settings: Settings, clients: int, turns: int) -> tuple[list[float], float]:
-    serve = Serve(settings, "--concurrency", str(clients))
+def http_run(
+    settings: Settings, clients: int, turns: int, *shape: str
+) -> tuple[list[float], float]:
+    """Turns through a fresh serve (``shape``: extra flags, e.g. ``--split``)."""
+    serve = Serve(settings, "--concurrency", str(clients), *shape)
     try:
         pool = [HttpClient(serve.url) for _ in range(clients)]
         for c in pool:
@@ -161,26 +164,40 @@ def inprocess_run(settings: Settings, clients: int, turns: int) -> tuple[list[fl
 # ------------------------------------------------------------------ figure 6
 
 
+SPLIT = ("--split",)  # the shape figure 6 measures: API here, worker and read models in children
+
+
+def split_run(settings: Settings, clients: int, turns: int) -> tuple[list[float], float]:
+    return http_run(settings, clients, turns, *SPLIT)
+
+
 def figure_6(db: Database, cfg: Config) -> Figure:
     turns = cfg.pick(25, 8)
     solo_turns = cfg.pick(60, 20)
-    p50, p99, rate = {"http": [], "app": []}, {"http": [], "app": []}, {"http": [], "app": []}
+    runs: dict[str, Callable[[Settings, int, int], tuple[list[float], float]]] = {
+        "http": split_run,
+        "app": inprocess_run,
+        "one": http_run,
+    }
+    p50: dict[str, list[float]] = {kind: [] for kind in runs}
+    p99: dict[str, list[float]] = {kind: [] for kind in runs}
+    rate: dict[str, list[float]] = {kind: [] for kind in runs}
     solo: dict[str, list[float]] = {"http": [], "app": []}
     with scratch_namespace(db) as settings:
         for _ in range(cfg.repeat):
-            for kind, run in (("http", http_run), ("app", inprocess_run)):
+            for kind, run in runs.items():
                 latencies, wall = run(settings, CLIENTS, turns)
                 ms = [x * 1000 for x in latencies]
                 p50[kind].append(percentile(ms, 50))
                 p99[kind].append(percentile(ms, 99))
                 rate[kind].append(len(latencies) / wall)
         for _ in range(cfg.repeat):
-            for kind, run in (("http", http_run), ("app", inprocess_run)):
-                latencies, _ = run(settings, 1, solo_turns)
+            for kind in solo:
+                latencies, _ = runs[kind](settings, 1, solo_turns)
                 solo[kind].append(percentile([x * 1000 for x in latencies], 50))
     h50, a50 = Stat(p50["http"], "ms"), Stat(p50["app"], "ms")
     overhead = h50.median - a50.median
-    hr, ar = Stat(rate["http"], "turns/s"), Stat(rate["app"], "turns/s")
+    hr, ar, one = (Stat(rate[kind], "turns/s") for kind in ("http", "app", "one"))
     throughput = hr.median / ar.median
     solo_overhead = Stat(solo["http"], "ms").median - Stat(solo["app"], "ms").median
     return Figure(
@@ -219,18 +236,30 @@ def figure_6(db: Database, cfg: Config) -> Figure:
                 solo_overhead <= 8,
                 ratio_label=f"{solo_overhead:+,.1f} ms",
             ),
+            Row(
+                "6e",
+                f"turns/s, {CLIENTS} clients, serve in one process (no --split)",
+                one,
+                ar,
+                one.median / ar.median,
+                "—",
+                None,
+            ),
         ],
         how=(
-            f"HTTP: a fresh `turnlog serve --role all --concurrency {CLIENTS}` subprocess per"
-            f" run; {CLIENTS} client threads (one `httpx.Client` and one session each), one"
-            f" warm-up turn each, then {turns} turns each, all started together: `POST"
-            " /v1/sessions/{id}/turns?wait=60` with the figure-1 message, timed until the 200"
-            " with the completed turn. Baseline: the same turns through the application API in"
-            f" one process: {CLIENTS} threads sharing one runtime, each calling `Runtime.send`"
-            " (takes the session's lease, submits, runs the turn) on its own session. turns/s ="
-            " all turns / wall time. Row 6d: the same with one client, sequential"
-            f" ({solo_turns} turns), the uncontended cost of the HTTP path. Runs alternate."
-            " The clients run in the benchmark process on the same two cores."
+            f"HTTP: a fresh `turnlog serve --role all --split --concurrency {CLIENTS}`"
+            " subprocess per run (the API in it; the worker and the read models in its two"
+            f" child processes); {CLIENTS} client threads (one `httpx.Client` and one session"
+            f" each), one warm-up turn each, then {turns} turns each, all started together:"
+            " `POST /v1/sessions/{id}/turns?wait=60` with the figure-1 message, timed until"
+            " the 200 with the completed turn. Baseline: the same turns through the"
+            f" application API in one process: {CLIENTS} threads sharing one runtime, each"
+            " calling `Runtime.send` (takes the session's lease, submits, runs the turn) on"
+            " its own session; it keeps no read models. turns/s = all turns / wall time. Row"
+            f" 6d: the same with one client, sequential ({solo_turns} turns), the uncontended"
+            " cost of the HTTP path. Row 6e: the HTTP run without `--split`, every role in one"
+            " process, which runs one thread of Python at a time. Runs alternate. The clients"
+            " run in the benchmark process on the same two cores."
         ),
         details={"turns_per_client": turns, "solo_turns": solo_turns},
     )

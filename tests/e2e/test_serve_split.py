@@ -1,0 +1,119 @@
+"""`turnlog serve --split`: the worker and the read models run as serve's child processes.
+
+They are real children (their pids' parent is serve), run the turns, live
+and die with serve: SIGKILL takes all three, SIGTERM drains all three, and a
+child that dies stops serve with exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.api.conftest import eventually
+from tests.conftest import turnlog
+from tests.e2e.test_serve import ask, server
+from turnlog.application.settings import Settings
+from turnlog.interface.children import child_env, unsupported_reason
+
+pytestmark = pytest.mark.fault
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Living children of ``pid``: pid -> their ``turnlog`` command (worker, projections)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and alive(int(entry.name)):
+            try:
+                stat = (entry / "stat").read_text()
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found[int(entry.name)] = args[3].decode()
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not gone and not a zombie waiting for a reaper."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_the_worker_child_runs_the_turn_and_dies_with_a_killed_serve(
+    settings: Settings, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    with server(settings, log, "--split") as (first, url):
+        children = eventually(lambda: len(c := children_of(first.pid)) == 2 and c, deadline=30)
+        assert sorted(children.values()) == ["projections", "worker"]
+        session_id = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
+        stored = ask(url, session_id, "The codeword is kestrel")
+        worker_pid = next(pid for pid, name in children.items() if name == "worker")
+        assert stored["worker_id"].split(":")[1] == str(worker_pid)  # not serve's own pid
+
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+        eventually(lambda: not any(alive(pid) for pid in children), deadline=30)
+
+    with server(settings, log, "--split") as (_, url):
+        recalled = ask(url, session_id, "What is the codeword?")
+    assert recalled["reply"] == "The codeword is kestrel."
+
+
+def test_sigterm_stops_the_api_then_drains_both_children(
+    settings: Settings, tmp_path: Path
+) -> None:
+    log = tmp_path / "serve.log"
+    with server(settings, log, "--split") as (proc, url):
+        children = eventually(lambda: len(c := children_of(proc.pid)) == 2 and c, deadline=30)
+        session_id = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
+        ask(url, session_id, "hello")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+    assert not any(alive(pid) for pid in children)
+    output = log.read_text()
+    assert output.index("Application shutdown complete") < output.index("worker stopped")
+    assert "turnlog.projections: stopped" in output
+    assert "Traceback" not in output, output
+
+
+def test_a_child_that_dies_stops_serve_with_exit_1(settings: Settings, tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with server(settings, log, "--split") as (proc, _):
+        children = eventually(lambda: len(c := children_of(proc.pid)) == 2 and c, deadline=30)
+        worker_pid = next(pid for pid, name in children.items() if name == "worker")
+        os.kill(worker_pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+    assert not any(alive(pid) for pid in children)
+    assert f"worker (pid {worker_pid}) was killed by SIGKILL: stopping" in log.read_text()
+
+
+def test_split_is_refused_with_a_single_role(settings: Settings) -> None:
+    done = turnlog(settings, "serve", "--role", "api", "--split")
+
+    assert done.returncode == 2
+    assert "--split splits --role all" in done.stderr
+
+
+def test_split_is_refused_where_children_would_outlive_serve() -> None:
+    assert unsupported_reason("linux") == ""
+    assert "needs Linux" in unsupported_reason("darwin")
+
+
+def test_children_get_the_settings_the_command_line_set(tmp_path: Path) -> None:
+    settings = Settings(namespace="elsewhere", data_dir=tmp_path, database_url="postgresql://x/y")
+
+    env = child_env(settings, {"TURNLOG_NAMESPACE": "default", "PATH": "/bin"})
+
+    assert env["TURNLOG_NAMESPACE"] == "elsewhere"
+    assert env["TURNLOG_DATA_DIR"] == str(tmp_path.resolve())
+    assert env["TURNLOG_DATABASE_URL"] == "postgresql://x/y"
+    assert env["PATH"] == "/bin"
