@@ -64,9 +64,15 @@ def child_env(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def role_commands(concurrency: int, drain_timeout: float) -> dict[str, list[str]]:
-    """The children by name: each a ``turnlog`` command line."""
-    return {
+def role_commands(
+    concurrency: int, drain_timeout: float, metrics_port: int = 0, metrics_host: str = "127.0.0.1"
+) -> dict[str, list[str]]:
+    """The children by name: each a ``turnlog`` command line.
+
+    ``metrics_port``: the worker serves ``/metrics`` on it, the projections runner on the next
+    port (0: neither does).
+    """
+    commands = {
         "worker": [
             "worker",
             "--concurrency",
@@ -76,6 +82,10 @@ def role_commands(concurrency: int, drain_timeout: float) -> dict[str, list[str]
         ],
         "projections": ["projections", "run"],
     }
+    if metrics_port:
+        for offset, args in enumerate(commands.values()):
+            args += ["--metrics-port", str(metrics_port + offset), "--metrics-host", metrics_host]
+    return commands
 
 
 def _die_with_parent(parent: int) -> Callable[[], None]:

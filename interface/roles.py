@@ -2,7 +2,8 @@
 
 ``all`` runs the HTTP API, a worker and the projection runners in one
 process (the simple default); ``api``, ``worker`` and ``projections`` split
-them. Every role builds the runtime (which prepares the namespace) and
+them (``serve --split`` runs ``api`` with the other two as its children,
+``interface.children``). Every role builds the runtime (which prepares the namespace) and
 nothing that replays the log: the worker starts from the open-turns read
 model, projections resume from their tracking positions, and the API reads
 sessions one by one on demand.

@@ -59,13 +59,23 @@ def serve(
             " processes (up to three cores instead of one; Linux).",
         ),
     ] = False,
+    children_metrics_port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65534,
+            help="With --split: the worker child serves /metrics on this port, the"
+            " projections child on the next one, on --host (0: off).",
+        ),
+    ] = 0,
 ) -> None:
     """Serve the HTTP API with a worker and the projection runners (see --role)."""
     settings: Settings = ctx.find_root().obj.settings()
     refusal = (
-        split_refusal(split, role)
+        split_refusal(split, role, children_metrics_port)
         or open_bind_refusal(host, settings)
         or busy_port_refusal(host, port)
+        or _children_ports_refusal(host, children_metrics_port)
     )
     if refusal:
         typer.echo(f"error: {refusal}", err=True)
@@ -82,7 +92,8 @@ def serve(
     server = draining_server(app, settings, host, port)
     children = None
     if split:
-        children = _start_children(settings, concurrency, drain_timeout, server.stop)
+        commands = (concurrency, drain_timeout, children_metrics_port, host)
+        children = _start_children(settings, commands, server.stop)
         server.after_shutdown = functools.partial(children.stop, drain_timeout)
     try:
         # uvicorn raises a SIGINT it caught again once it has shut down; the stop
@@ -100,29 +111,38 @@ def serve(
         raise typer.Exit(1)
 
 
-def split_refusal(split: bool, role: Role) -> str:
-    """Why ``--split`` is refused here ('' when it is not asked for or allowed)."""
+def split_refusal(split: bool, role: Role, children_metrics_port: int) -> str:
+    """Why ``--split`` (and its options) is refused here ('' when it is allowed)."""
     from turnlog.interface.children import unsupported_reason
 
     if not split:
-        return ""
+        return "--children-metrics-port needs --split" if children_metrics_port else ""
     if role is not Role.ALL:
         return f"--split splits --role all into three processes; --role {role} is one of them"
     return unsupported_reason()
 
 
+def _children_ports_refusal(host: str, port: int) -> str:
+    """Why the children's metrics ports cannot be used ('' when they can, or are not asked for)."""
+    if not port:
+        return ""
+    flag = "--children-metrics-port"
+    return busy_port_refusal(host, port, flag) or busy_port_refusal(host, port + 1, flag)
+
+
 def _start_children(
-    settings: Settings, concurrency: int, drain_timeout: float, on_exit: Callable[[], None]
+    settings: Settings, options: tuple[int, float, int, str], on_exit: Callable[[], None]
 ) -> Children:
-    """The worker and the projections runner, once the database is there for them."""
+    """The worker and the projections runner, once the database is there for them.
+
+    ``options``: serve's concurrency, drain timeout, children's metrics port and host.
+    """
     from turnlog.application.database import locate
     from turnlog.interface.children import Children, child_env, role_commands
 
     with refusals():
         locate(settings)  # starts an embedded server once, before two children look for it
-    return Children.start(
-        role_commands(concurrency, drain_timeout), child_env(settings, os.environ), on_exit
-    )
+    return Children.start(role_commands(*options), child_env(settings, os.environ), on_exit)
 
 
 def open_bind_refusal(host: str, settings: Settings) -> str:
@@ -135,7 +155,7 @@ def open_bind_refusal(host: str, settings: Settings) -> str:
     )
 
 
-def busy_port_refusal(host: str, port: int) -> str:
+def busy_port_refusal(host: str, port: int, flag: str = "--port") -> str:
     """Why ``host:port`` cannot be served ('' when it is free), found before anything starts.
 
     Without this check the process would prepare the namespace and start its
@@ -151,7 +171,7 @@ def busy_port_refusal(host: str, port: int) -> str:
         except OSError as exc:
             return (
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}. Another process (another"
-                " `turnlog serve`?) may be using it: stop it, or choose another --port."
+                f" `turnlog serve`?) may be using it: stop it, or choose another {flag}."
             )
     return ""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 import httpx
@@ -17,6 +18,7 @@ import pytest
 from tests.api.conftest import eventually
 from tests.conftest import turnlog
 from tests.e2e.test_serve import ask, server
+from tests.fault.cluster import free_port
 from turnlog.application.settings import Settings
 from turnlog.interface.children import child_env, unsupported_reason
 
@@ -96,11 +98,73 @@ def test_a_child_that_dies_stops_serve_with_exit_1(settings: Settings, tmp_path:
     assert f"worker (pid {worker_pid}) was killed by SIGKILL: stopping" in log.read_text()
 
 
-def test_split_is_refused_with_a_single_role(settings: Settings) -> None:
-    done = turnlog(settings, "serve", "--role", "api", "--split")
+def test_the_children_serve_metrics_on_the_ports_asked_for(
+    settings: Settings, tmp_path: Path
+) -> None:
+    port = free_port()
+    while not port_free(port + 1):
+        port = free_port()
+    with server(settings, tmp_path / "serve.log", "--split", "--children-metrics-port", str(port)):
+        for metrics_port, name in ((port, "turnlog_worker"), (port + 1, "turnlog_projection")):
+            url = f"http://127.0.0.1:{metrics_port}/metrics"
+            text = eventually(lambda u=url: scrape(u), deadline=30)
+            assert name in text, text[:2000]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def scrape(url: str) -> str:
+    try:
+        response = httpx.get(url, timeout=2)
+    except httpx.TransportError:
+        return ""
+    return response.text if response.status_code == 200 else ""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--role", "api", "--split"], "--split splits --role all"),
+        (["--children-metrics-port", "9999"], "--children-metrics-port needs --split"),
+    ],
+    ids=["single-role", "metrics-without-split"],
+)
+def test_split_options_are_refused_where_they_mean_nothing(
+    settings: Settings, args: list[str], says: str
+) -> None:
+    done = turnlog(settings, "serve", "--port", str(free_port()), *args)
 
     assert done.returncode == 2
-    assert "--split splits --role all" in done.stderr
+    assert says in done.stderr
+
+
+def test_a_busy_children_metrics_port_is_refused_before_anything_starts(
+    settings: Settings,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        done = turnlog(
+            settings,
+            "serve",
+            "--port",
+            str(free_port()),
+            "--split",
+            "--children-metrics-port",
+            str(busy - 1),
+        )
+
+    assert done.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{busy}" in done.stderr
+    assert "--children-metrics-port" in done.stderr
 
 
 def test_split_is_refused_where_children_would_outlive_serve() -> None:
