@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -49,17 +52,35 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+@contextmanager
+def split_server(
+    settings: Settings, log: Path, *args: str
+) -> Iterator[tuple[subprocess.Popen[bytes], str, dict[int, str]]]:
+    """``serve --split``, ready, with its two children started: (serve, its URL, children)."""
+    with server(settings, log, "--split", *args) as (proc, url):
+        children = eventually(lambda: len(c := children_of(proc.pid)) == 2 and c, deadline=30)
+        assert sorted(children.values()) == ["projections", "worker"]
+        yield proc, url, children
+
+
+def new_session(url: str) -> str:
+    session_id: str = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
+    return session_id
+
+
+def worker_of(children: dict[int, str]) -> int:
+    return next(pid for pid, name in children.items() if name == "worker")
+
+
 def test_the_worker_child_runs_the_turn_and_dies_with_a_killed_serve(
     settings: Settings, tmp_path: Path
 ) -> None:
     log = tmp_path / "serve.log"
-    with server(settings, log, "--split") as (first, url):
-        children = eventually(lambda: len(c := children_of(first.pid)) == 2 and c, deadline=30)
-        assert sorted(children.values()) == ["projections", "worker"]
-        session_id = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
+    with split_server(settings, log) as (first, url, children):
+        session_id = new_session(url)
         stored = ask(url, session_id, "The codeword is kestrel")
-        worker_pid = next(pid for pid, name in children.items() if name == "worker")
-        assert stored["worker_id"].split(":")[1] == str(worker_pid)  # not serve's own pid
+        # The worker child ran it, not serve itself.
+        assert stored["worker_id"].split(":")[1] == str(worker_of(children))
 
         first.send_signal(signal.SIGKILL)
         assert first.wait(timeout=30) == -signal.SIGKILL
@@ -74,10 +95,8 @@ def test_sigterm_stops_the_api_then_drains_both_children(
     settings: Settings, tmp_path: Path
 ) -> None:
     log = tmp_path / "serve.log"
-    with server(settings, log, "--split") as (proc, url):
-        children = eventually(lambda: len(c := children_of(proc.pid)) == 2 and c, deadline=30)
-        session_id = httpx.post(f"{url}/v1/sessions", json={}, timeout=10).json()["session_id"]
-        ask(url, session_id, "hello")
+    with split_server(settings, log) as (proc, url, children):
+        ask(url, new_session(url), "hello")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
     assert not any(alive(pid) for pid in children)
@@ -89,9 +108,8 @@ def test_sigterm_stops_the_api_then_drains_both_children(
 
 def test_a_child_that_dies_stops_serve_with_exit_1(settings: Settings, tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    with server(settings, log, "--split") as (proc, _):
-        children = eventually(lambda: len(c := children_of(proc.pid)) == 2 and c, deadline=30)
-        worker_pid = next(pid for pid, name in children.items() if name == "worker")
+    with split_server(settings, log) as (proc, _, children):
+        worker_pid = worker_of(children)
         os.kill(worker_pid, signal.SIGKILL)
         assert proc.wait(timeout=60) == 1
     assert not any(alive(pid) for pid in children)
@@ -104,11 +122,11 @@ def test_the_children_serve_metrics_on_the_ports_asked_for(
     port = free_port()
     while not port_free(port + 1):
         port = free_port()
-    with server(settings, tmp_path / "serve.log", "--split", "--children-metrics-port", str(port)):
+    with split_server(settings, tmp_path / "serve.log", "--children-metrics-port", str(port)):
         for metrics_port, name in ((port, "turnlog_worker"), (port + 1, "turnlog_projection")):
             url = f"http://127.0.0.1:{metrics_port}/metrics"
-            text = eventually(lambda u=url: scrape(u), deadline=30)
-            assert name in text, text[:2000]
+            # Served from the child's start; its own metrics once its part has started.
+            eventually(lambda u=url, n=name: n in scrape(u), deadline=30)
 
 
 def port_free(port: int) -> bool:
