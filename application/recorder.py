@@ -14,8 +14,10 @@ takes neither:
   docs/log-order.md);
 - the notification goes out *after* the commit, from a thread of its own
   that coalesces a burst of saves into one ``NOTIFY`` on the namespace's own
-  channel. A notification lost (the process died between the commit and
-  the ``NOTIFY``) costs latency only: every reader also polls;
+  channel; a save of a turn's middle steps only (``Sessions.STEP_TOPICS``)
+  waits up to ``DEFER`` for the next one. A notification lost (the process
+  died between the commit and the ``NOTIFY``) costs latency only: every
+  reader also polls;
 - the same statement stores each event's hash, chained to the previous
   event of its stream (``application.chain``): the previous hash is read
   in the statement itself, so the chain costs no extra round trip;
@@ -31,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +50,8 @@ from turnlog.application.errors import ApplicationError
 log = logging.getLogger("turnlog.recorder")
 
 KEPT_PIDS = 256  # server pids a notifier remembers (more: its pool was replaced)
+# Longest delay of a notification for a save of deferrable events only (see Notifier).
+DEFER = 0.02
 
 
 def log_channel(recorder: object) -> str:
@@ -65,13 +70,22 @@ def log_channel(recorder: object) -> str:
 
 
 class Notifier:
-    """Sends ``NOTIFY channel`` after commits, from one thread; a burst coalesces into one."""
+    """Sends ``NOTIFY channel`` after commits, from one thread; a burst coalesces into one.
+
+    A save is notified at once, unless every event it holds has a topic of
+    ``deferrable``: then within ``DEFER`` seconds, or with the next save
+    notified at once, whichever comes first. One notification covers every
+    commit before it, so the steps of a turn in between its submission and its
+    end cost no notification of their own while turns keep ending.
+    """
 
     def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
         self._datastore = datastore
         self._statement = rendered(SQL("NOTIFY {}").format(Identifier(channel)))
-        self._wanted = threading.Event()
-        self._lock = threading.Lock()
+        self.deferrable: frozenset[str] = frozenset()
+        self.defer = DEFER  # seconds a save of deferrable events only may wait
+        self._cond = threading.Condition()
+        self._due: float | None = None  # when the next notification is due (monotonic)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.sent = 0
@@ -82,23 +96,39 @@ class Notifier:
         # the follower's OWN_GATHER at most, and loses nothing.
         self.pids: set[int] = set()
 
-    def notify(self) -> None:
-        """Ask for a notification soon (after the caller's commit)."""
-        self._wanted.set()
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None and not self._closed:
-                    self._thread = threading.Thread(
-                        target=self._run, name="turnlog-notify", daemon=True
-                    )
-                    self._thread.start()
+    def notify(self, topics: Sequence[str] = ()) -> None:
+        """Ask for a notification after the caller's commit of events of ``topics``.
+
+        Soon, or within ``defer`` seconds when every topic is deferrable (none: soon).
+        """
+        now = time.monotonic()
+        due = now + self.defer if topics and all(t in self.deferrable for t in topics) else now
+        with self._cond:
+            if self._closed:
+                return
+            if self._due is None or due < self._due:
+                self._due = due
+                self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="turnlog-notify", daemon=True
+                )
+                self._thread.start()
+
+    @property
+    def due_in(self) -> float | None:
+        """Seconds until the notification asked for is due (None: none is pending)."""
+        due = self._due
+        return None if due is None else due - time.monotonic()
 
     def _run(self) -> None:
         while True:
-            self._wanted.wait()
-            if self._closed:
-                return
-            self._wanted.clear()
+            with self._cond:
+                while not self._closed and (self._due is None or self._due > time.monotonic()):
+                    self._cond.wait(None if self._due is None else self._due - time.monotonic())
+                if self._closed:
+                    return
+                self._due = None
             self._send()
 
     def _send(self) -> None:
@@ -114,12 +144,13 @@ class Notifier:
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is pending, then stop the thread."""
-        with self._lock:
+        with self._cond:
             self._closed = True
+            pending, self._due = self._due is not None, None
             thread = self._thread
-        if self._wanted.is_set():
+            self._cond.notify_all()
+        if pending:
             self._send()
-        self._wanted.set()
         if thread is not None:
             thread.join(timeout)
 
@@ -157,12 +188,14 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             [e.state for e in stored_events],
         )
         # Autocommit: the one statement is its own transaction. Notified after
-        # it ended, also when it failed: a failed insert held the horizon back
-        # while it ran, and readers waiting behind it should look again.
+        # it ended, also when it failed (and then at once): a failed insert held
+        # the horizon back while it ran, and readers waiting behind it should look again.
+        stored = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 curs.execute(self._insert, params, prepare=True)
                 rows = curs.fetchall()
+            stored = True
         finally:
-            self.notifier.notify()
+            self.notifier.notify(params[2] if stored else ())
         return [int(next(iter(row.values()))) for row in rows]

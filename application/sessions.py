@@ -59,6 +59,24 @@ class Submitted(Written):
     created: bool
 
 
+# The middle steps of a running turn. Nobody in another process waits for one
+# (a turn's end, a submission and every operator's command are what wake
+# waiters and workers), so a save of these alone is notified a little later,
+# together with the next (recorder.Notifier): read models and live event
+# streams of other processes see them up to recorder.DEFER late.
+STEP_TOPICS = frozenset(
+    event.TOPIC
+    for event in (
+        Session.TurnClaimed,
+        Session.ModelReplied,
+        Session.ToolCallStarted,
+        Session.ToolCallProcessStarted,
+        Session.ToolCallSucceeded,
+        Session.ToolCallFailed,
+    )
+)
+
+
 class Sessions(Application[UUID]):
     """Event-sourced sessions, stored in the namespace's schema."""
 
@@ -84,6 +102,9 @@ class Sessions(Application[UUID]):
         # Told of each save of this process, once committed (waits on a turn's end).
         self._on_saved: list[Callable[[UUID, Sequence[Any]], None]] = []
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
+        notifier = getattr(self.recorder, "notifier", None)
+        if notifier is not None:
+            notifier.deferrable = STEP_TOPICS
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.

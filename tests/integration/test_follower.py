@@ -76,3 +76,36 @@ def test_a_wake_up_by_this_process_s_own_writes_waits_for_more_and_another_s_doe
         other.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(follower.channel)))
         poll(lambda: follower.notifications > notified, scaled(10), "the other's notification")
     assert follower.gathered == gathered  # read at once
+
+
+def test_a_save_of_a_turn_s_middle_steps_waits_for_the_next_notification(
+    process: Process,
+) -> None:
+    runtime = process.runtime
+    assert runtime is not None
+    notifier = runtime.sessions.recorder.notifier  # type: ignore[attr-defined]
+    notifier.defer = 3600.0  # nothing but a later save or the close may send it
+    poll(lambda: notifier.due_in is None, 10, "earlier notifications to go out")
+    sent = notifier.sent
+
+    notifier.notify([Session.TurnClaimed.TOPIC, Session.ModelReplied.TOPIC])
+    assert notifier.due_in > 3000 and notifier.sent == sent  # deferred
+
+    notifier.notify([Session.ModelReplied.TOPIC, Session.TurnCompleted.TOPIC])  # a turn's end
+    poll(lambda: notifier.due_in is None, 10, "one notification for both")
+    assert notifier.sent == sent + 1
+
+
+def test_a_deferred_notification_goes_out_when_the_process_stops(process: Process) -> None:
+    runtime = process.runtime
+    assert runtime is not None
+    notifier = runtime.sessions.recorder.notifier  # type: ignore[attr-defined]
+    notifier.defer = 3600.0
+    poll(lambda: notifier.due_in is None, 10, "earlier notifications to go out")
+    sent = notifier.sent
+
+    notifier.notify([Session.ToolCallStarted.TOPIC])
+    assert notifier.due_in > 3000
+    notifier.close()
+
+    assert notifier.sent == sent + 1 and notifier.due_in is None
