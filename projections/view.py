@@ -139,18 +139,21 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         """Send the claim, the writes and the new place; the function returned checks them."""
         rows, place = self._batch, self._batch_position
         assert rows is not None, "finish() without an open batch"
-        claim, curs = conn.cursor(), conn.cursor()
+        # One cursor per statement whose result is read: in a pipeline, a cursor's
+        # fetch waits only until the cursor has *a* result, which on a cursor that
+        # sent several statements may be an earlier one's (the writes' DELETE).
+        claim, writes, placed = conn.cursor(), conn.cursor(), conn.cursor()
         claim.execute(self._claim, (application_name,), prepare=True)
         if place is not None:
-            self._flush(curs, rows)
-            curs.execute(
+            self._flush(writes, rows)
+            placed.execute(
                 self._upsert_place, self._place_params(application_name, place), prepare=True
             )
 
         def checked() -> None:
             self._check_claim(claim.fetchone(), expected)
             if place is not None:
-                self._check_place(curs.fetchone(), application_name, place)
+                self._check_place(placed.fetchone(), application_name, place)
 
         return checked
 
