@@ -240,10 +240,13 @@ def _has_input(conn: psycopg.Connection[Any]) -> bool:
     return bool(poller.poll(0))
 
 
+LEASES_KEPT = 8  # idle lease connections a process keeps, unless told more
+
+
 class Leases:
     """How a process takes leases: on connections kept between leases (``keep`` idle at most)."""
 
-    def __init__(self, db: Database, namespace: str, keep: int = 8) -> None:
+    def __init__(self, db: Database, namespace: str, keep: int = LEASES_KEPT) -> None:
         self.db = db
         self.namespace = namespace
         self.keep = keep

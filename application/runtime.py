@@ -17,7 +17,7 @@ from turnlog.application.cancel_watch import utc_now
 from turnlog.application.database import Database
 from turnlog.application.errors import InvalidToolArguments, LeaseLost
 from turnlog.application.execution import Executor
-from turnlog.application.leases import Lease, Leases
+from turnlog.application.leases import LEASES_KEPT, Lease, Leases
 from turnlog.application.observer import cancel_kind
 from turnlog.application.probes import prober_of
 from turnlog.application.sessions import CONTENDED_ATTEMPTS, Sessions, Submitted, Written
@@ -48,10 +48,14 @@ class Runtime:
     db: Database
     sessions: Sessions
     executor: Executor
+    # Lease connections kept open between leases: as many as the leases the
+    # process holds at once (a worker's concurrency), or each turn past them
+    # opens a new connection, costly on both sides.
+    leases_kept: int = LEASES_KEPT
     leases: Leases = field(init=False)
 
     def __post_init__(self) -> None:
-        self.leases = Leases(self.db, self.settings.namespace)
+        self.leases = Leases(self.db, self.settings.namespace, keep=self.leases_kept)
 
     def send(self, session_id: UUID, message: str, idempotency_key: str = "") -> Sent:
         """Submit a message and run its turn here, after recovering an orphaned turn.

@@ -23,6 +23,7 @@ from turnlog.application.command_tools import add_declared_tools, read_tools_fil
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution import Executor
 from turnlog.application.follower import LogFollower
+from turnlog.application.leases import LEASES_KEPT
 from turnlog.application.log_context import bound
 from turnlog.application.mcp_tools import add_mcp_tools
 from turnlog.application.observer import Observer
@@ -123,8 +124,11 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
     )
 
 
-def build_runtime(settings: Settings) -> Runtime:
-    """The application with its database, tools and providers (``Process.start`` calls it)."""
+def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runtime:
+    """The application with its database, tools and providers (``Process.start`` calls it).
+
+    ``leases_kept``: lease connections kept between leases (a worker: its concurrency).
+    """
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
     providers = build_providers(settings, tools)
     db = database.locate(settings)
@@ -140,7 +144,9 @@ def build_runtime(settings: Settings) -> Runtime:
         namespace=settings.namespace,
         approval_tools=approval_tools(settings, tools),
     )
-    return Runtime(settings=settings, db=db, sessions=sessions, executor=executor)
+    return Runtime(
+        settings=settings, db=db, sessions=sessions, executor=executor, leases_kept=leases_kept
+    )
 
 
 class OpenTurnsSource:
@@ -195,7 +201,9 @@ class Process:
         """Build and start what the role needs; blocking. Raises when the database is down."""
         if self.runtime is not None:
             return self
-        self.runtime = build_runtime(self.settings)
+        runs_worker = self.role is not None and self.role.runs_worker
+        kept = max(LEASES_KEPT, self.worker_concurrency) if runs_worker else LEASES_KEPT
+        self.runtime = build_runtime(self.settings, leases_kept=kept)
         try:
             self._start_rest(self.runtime)
         except BaseException:
