@@ -18,7 +18,12 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.application import (
+    AggregateNotFoundError,
+    Application,
+    ProcessingEvent,
+    project_aggregate,
+)
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent, Transcoding
 from psycopg import sql
 
@@ -38,7 +43,8 @@ log = logging.getLogger("turnlog.sessions")
 
 T = TypeVar("T")
 EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
-SAVED_KEPT_MAX = 1000  # events kept per cached session between two requests
+KNOWN_SESSIONS = 256  # sessions whose latest events this process keeps (Sessions._known)
+KNOWN_EVENTS = 128  # the latest events kept of each
 # Re-decisions allowed to a command that races a running turn's writes (a
 # follow-up, a cancel, an approval): each is one reload and one short save.
 CONTENDED_ATTEMPTS = 8
@@ -96,9 +102,10 @@ class Sessions(Application[UUID]):
         self.snapshot_keep = max(1, snapshot_keep)
         self._earlier_cache: dict[UUID, tuple[int, int, Session]] = {}
         self._earlier_lock = threading.Lock()
-        # Events this process saved since a cached session's last read, in unbroken
-        # version order: the next request applies them instead of reading them back.
-        self._saved_since: dict[UUID, list[Any]] = {}
+        # The latest events of a session this process saved or read (a fast-forward
+        # of its cached object), in unbroken version order, oldest session first:
+        # a request or a turn's view rebuilt from them reads nothing back.
+        self._known: dict[UUID, list[Any]] = {}
         # Told of each save of this process, once committed (waits on a turn's end).
         self._on_saved: list[Callable[[UUID, Sequence[Any]], None]] = []
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
@@ -159,8 +166,16 @@ class Sessions(Application[UUID]):
     # ------------------------------------------------------------------ reads
 
     def get_session(self, session_id: UUID) -> Session:
+        def project(aggregate: Any, events: Iterable[Any]) -> Any:
+            if aggregate is None:  # rebuilt from the store (a snapshot, then events)
+                return project_aggregate(aggregate, events)
+            read = list(events)  # a fast-forward of the cached object: keep what it read
+            if read:
+                self._keep(session_id, read)
+            return project_aggregate(aggregate, read)
+
         try:
-            session: Any = self.repository.get(session_id)
+            session: Any = self.repository.get(session_id, projector_func=project)
         except AggregateNotFoundError:
             raise SessionNotFound(f"session {session_id} not found") from None
         if not isinstance(session, Session):
@@ -186,14 +201,14 @@ class Sessions(Application[UUID]):
     def replay_range(self, session_id: UUID, first: int, last: int) -> Session:
         """The turns whose events lie in versions ``first..last``, rebuilt in full.
 
-        From the events this process saved of the session since its last model
-        request, when they hold the whole range (a turn this process just ran);
-        else read from the store.
+        From the latest events of the session this process saved or read, when
+        they hold the whole range (a turn this process just ran, or whose
+        events its last load of the session read); else read from the store.
         """
         if first > last:
             return replay_turns(session_id, ())
         with self._earlier_lock:
-            kept = _between(self._saved_since.get(session_id, []), first - 1, last)
+            kept = _between(self._known.get(session_id, []), first - 1, last)
         if kept is not None:
             return replay_turns(session_id, kept)
         return replay_turns(session_id, self.events.get(session_id, gt=first - 1, lte=last))
@@ -286,14 +301,14 @@ class Sessions(Application[UUID]):
         (the window moves forward, never back, unless it starts elsewhere).
         """
         # Taken out while in use, so that the reads below hold no lock: every save of
-        # every session passes through ``_saved``.
+        # every session passes through ``_keep``.
         with self._earlier_lock:
             hit = self._earlier_cache.pop(session_id, None)
-            saved = self._saved_since.pop(session_id, [])
+            known = _between(self._known.get(session_id, []), hit[1], last) if hit else None
         if hit is not None and hit[0] == first and hit[1] <= last:
             earlier = hit[2]
-            new: Iterable[Any] | None = _between(saved, hit[1], last)
-            if new is None:  # not all saved here since: read them
+            new: Iterable[Any] = known or ()
+            if known is None:  # not all known here: read them
                 new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
             for event in new:
                 if not isinstance(event, Session.Started):
@@ -302,11 +317,8 @@ class Sessions(Application[UUID]):
             earlier = self.replay_range(session_id, first, last)
         with self._earlier_lock:
             self._earlier_cache[session_id] = (first, last, earlier)
-            self._saved_since[session_id] = [e for e in saved if e.originator_version > last]
             while len(self._earlier_cache) > EARLIER_CACHE_SIZE:
-                evicted = next(iter(self._earlier_cache))
-                self._earlier_cache.pop(evicted)
-                self._saved_since.pop(evicted, None)
+                self._earlier_cache.pop(next(iter(self._earlier_cache)))
             return earlier
 
     def on_saved(self, listener: Callable[[UUID, Sequence[Any]], None]) -> None:
@@ -323,7 +335,8 @@ class Sessions(Application[UUID]):
 
     def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
         """After every commit of this process's writes: keep them, then tell the listeners."""
-        self._saved(session_id, events)
+        if events:
+            self._keep(session_id, list(events))
         # The save has committed: a listener's failure must not make it look failed.
         for listener in list(self._on_saved):
             try:
@@ -331,17 +344,24 @@ class Sessions(Application[UUID]):
             except Exception:
                 log.exception("a listener of saves failed")
 
-    def _saved(self, session_id: UUID, events: Sequence[Any]) -> None:
-        """Keep what this process just saved of a session whose earlier turns are cached."""
+    def _keep(self, session_id: UUID, events: list[Any]) -> None:
+        """Keep the latest events of a session, saved or read here (in version order).
+
+        They extend the kept run when they follow it; after a gap (another
+        process wrote what this one has not read) they begin a new run.
+        """
         with self._earlier_lock:
-            if session_id not in self._earlier_cache or not events:
-                return
-            kept = self._saved_since.setdefault(session_id, [])
-            if kept and kept[-1].originator_version + 1 != events[0].originator_version:
-                kept.clear()  # another process wrote in between: the next request reads
+            kept = self._known.pop(session_id, [])  # put back last: the newest
+            if kept:
+                after = kept[-1].originator_version
+                events = [e for e in events if e.originator_version > after]
+                if events and events[0].originator_version != after + 1:
+                    kept = []
             kept.extend(events)
-            if len(kept) > SAVED_KEPT_MAX:
-                kept.clear()
+            del kept[:-KNOWN_EVENTS]
+            self._known[session_id] = kept
+            while len(self._known) > KNOWN_SESSIONS:
+                self._known.pop(next(iter(self._known)))
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries.

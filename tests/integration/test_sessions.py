@@ -262,6 +262,53 @@ def test_each_committed_save_is_told_to_listeners_and_a_failing_one_fails_nothin
     assert len(runtime.sessions.get_session(written.session_id).turns) == 2
 
 
+def _range_reads(sessions: Sessions) -> tuple[list[tuple[int, int]], Any]:
+    """Record each range read of ``sessions``'s events; returns the list and the undo."""
+    reads: list[tuple[int, int]] = []
+    get = sessions.events.get
+
+    def counted(originator_id: Any, gt: int | None = None, lte: int | None = None) -> Any:
+        if lte is not None:  # a range (a fast-forward of the cached session has none)
+            reads.append((gt or 0, lte))
+        return get(originator_id, gt=gt, lte=lte)
+
+    sessions.events.get = counted  # type: ignore[method-assign]
+    return reads, lambda: delattr(sessions.events, "get")
+
+
+def test_a_turn_another_process_ran_is_rebuilt_from_what_this_one_read_of_it(
+    runtime: Runtime, settings: Settings
+) -> None:
+    sid = runtime.sessions.create_session(title="read here", tools=["echo"]).session_id
+    runtime.send(sid, "The codeword is saffron")
+    here = build_runtime(settings)  # an API process: it keeps the session it answers for
+    try:
+        here.sessions.get_session(sid)
+        turn_id = runtime.send(sid, '/tool echo {"text": "hi"}').turn.turn_id  # elsewhere
+        reads, undo = _range_reads(here.sessions)
+        try:
+            # Its load of the session reads the turn's events (a fast-forward of the
+            # cached object); the turn is rebuilt from those, not read again.
+            _, rebuilt = here.sessions.turn_record(sid, turn_id)
+        finally:
+            undo()
+        assert reads == []
+    finally:
+        here.close()
+    stored = build_runtime(settings)  # a process that knew nothing: reads the range
+    try:
+        reads, undo = _range_reads(stored.sessions)
+        try:
+            _, from_store = stored.sessions.turn_record(sid, turn_id)
+        finally:
+            undo()
+        assert len(reads) == 1
+    finally:
+        stored.close()
+    assert rebuilt.state == from_store.state == "completed"
+    assert rebuilt == from_store
+
+
 def test_a_turn_this_process_just_ran_is_rebuilt_from_what_it_saved_exactly_as_from_the_store(
     runtime: Runtime, settings: Settings
 ) -> None:
