@@ -8,9 +8,19 @@ order, below the commit horizon (``application.logorder``) — and hands the
 page to every subscriber in the process: the read-model runners (which
 fold it), the worker (sessions with new work), the HTTP waits and live
 streams (sessions that changed). While committed events wait past the
-horizon it looks again every ``HELD_POLL`` seconds. A wake-up by this
-process's own writes only waits ``OWN_GATHER`` for more before reading (the
-readers in a hurry were told by the save itself: ``Sessions.on_saved``).
+horizon it looks again every ``HELD_POLL`` seconds.
+
+The readers in a hurry (the worker, a ``?wait``) need not wait for that
+read: another process's notification carries hints (``recorder.Hint``: a
+turn to take, a turn's end, by session), handed to the hint subscribers the
+moment it arrives; this process's own saves told them already
+(``Sessions.on_saved``). So a wake-up whose every notification was told so
+(ours, or with hints) waits up to ``GATHER`` for more before it reads, and
+one read covers a burst of commits; a notification that tells nothing (no
+hints: an older writer, or too many for one payload) is read at once. When
+no subscriber needs pages promptly (a process with a worker and no read
+models nor live streams: the hints and its own saves offer it every turn),
+a told wake-up waits for the next poll, and the page is a safety net.
 
 Subscribers run on the follower's thread and must not block: they note
 what they were told and wake their own thread. ``changed`` is a signal for
@@ -23,7 +33,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -34,19 +45,20 @@ from turnlog.application import logorder
 from turnlog.application.database import Database, connect
 from turnlog.application.errors import ApplicationError
 from turnlog.application.logorder import LogPage, Place
-from turnlog.application.recorder import log_channel
+from turnlog.application.recorder import Hint, hints_of, log_channel
 from turnlog.application.sessions import Sessions
 
 log = logging.getLogger("turnlog.follower")
 
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
-# How long a wake-up by this process's own writes only waits for more of them
-# before reading: those writes' urgent readers (the worker, a ``?wait``) were
-# told by the save itself; a turn's six commits then cost one or two reads.
-OWN_GATHER = 0.01
+# How long a wake-up whose notifications were all told already (our own writes,
+# or another process's with hints) waits for more before reading: their urgent
+# readers (the worker, a ``?wait``) know; a burst of commits then costs one read.
+GATHER = 0.01
 BATCH = 1000
 
 Subscriber = Callable[[LogPage], None]
+HintSubscriber = Callable[[Sequence[Hint]], None]
 
 
 class Signal:
@@ -95,20 +107,47 @@ class LogFollower:
         self.rows_read = 0  # events those reads returned (each event once)
         self.listening = False
         self.notifications = 0  # received (a burst drained at once counts each)
-        self.gathered = 0  # wake-ups by this process's own writes that waited for more
+        self.gathered = 0  # wake-ups told already (ours, or hinted) that waited for more
+        self.hinted = 0  # notifications of other processes whose hints were handed over
         self._notifier = recorder.notifier  # its pids: the server pids of our own NOTIFYs
         self.place = Place.start()  # where the next read begins
         self._subscribers: list[Subscriber] = []
+        self._prompt: dict[Subscriber, Callable[[], bool]] = {}  # whether one needs pages now
+        self._hint_subscribers: list[HintSubscriber] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def subscribe(self, subscriber: Subscriber) -> None:
-        """Call ``subscriber`` (on the follower's thread) with every page of new events."""
+    def subscribe(self, subscriber: Subscriber, prompt: Callable[[], bool] | bool = True) -> None:
+        """Call ``subscriber`` (on the follower's thread) with every page of new events.
+
+        ``prompt``: whether it needs each page soon after the commits (or a
+        function that says whether it does now). A subscriber that is told of
+        what it needs some other way (hints, its own saves) takes the pages as
+        a safety net, and alone lets told wake-ups wait for the next poll.
+        """
         self._subscribers.append(subscriber)
+        self._prompt[subscriber] = prompt if callable(prompt) else (lambda: prompt)
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         if subscriber in self._subscribers:
             self._subscribers.remove(subscriber)
+            self._prompt.pop(subscriber, None)
+
+    def _in_a_hurry(self) -> bool:
+        """Whether a subscriber needs the pages soon after the commits now."""
+        return any(prompt() for prompt in list(self._prompt.values()))
+
+    def subscribe_hints(self, subscriber: HintSubscriber) -> None:
+        """Call ``subscriber`` (on the follower's thread) with another process's hints.
+
+        As each notification arrives, before the log is read; the page with
+        the same events follows.
+        """
+        self._hint_subscribers.append(subscriber)
+
+    def unsubscribe_hints(self, subscriber: HintSubscriber) -> None:
+        if subscriber in self._hint_subscribers:
+            self._hint_subscribers.remove(subscriber)
 
     def start(self) -> None:
         """Begin at the log's end now (below the horizon); later events are followed."""
@@ -165,30 +204,67 @@ class LogFollower:
         return conn
 
     def _wait(self, conn: psycopg.Connection[Any], timeout: float) -> bool:
-        """Until a notification or ``timeout``; False when the connection broke.
+        """Until the tail should be read, ``timeout`` at the most; False when the connection broke.
 
-        When every notification so far came from this process's own writes,
-        it waits up to ``OWN_GATHER`` for more (another process's ends the
-        wait at once), so that one read covers a burst of them.
+        A notification that tells nothing ends the wait at once. Once one was
+        told (from this process's own writes, or with hints, handed over as
+        they come), the wait goes on ``GATHER`` for more, or to ``timeout``
+        while no subscriber is in a hurry (looking again every ``GATHER``).
         """
+        deadline = time.monotonic() + timeout
+        gathered_until: float | None = None  # set by the first told notification
         try:
-            pids = [n.pid for n in conn.notifies(timeout=timeout, stop_after=1)]
-            # Drain what else arrived: one read covers them all.
-            pids += [n.pid for n in conn.notifies(timeout=0)]
-            own = self._notifier.pids
-            if pids and all(pid in own for pid in pids):
-                for notification in conn.notifies(timeout=OWN_GATHER):
-                    pids.append(notification.pid)
-                    if notification.pid not in own:
-                        break
-                pids += [n.pid for n in conn.notifies(timeout=0)]
-                self.gathered += 1
-            self.notifications += len(pids)
+            while True:
+                now = time.monotonic()
+                if gathered_until is None:
+                    until = deadline
+                elif self._in_a_hurry():
+                    until = min(deadline, gathered_until)
+                else:
+                    until = min(deadline, now + GATHER)
+                    if now >= deadline:
+                        return True
+                if now >= until:
+                    return True
+                notifications = list(conn.notifies(timeout=until - now, stop_after=1))
+                # Drain what else arrived: one read covers them all.
+                notifications += conn.notifies(timeout=0)
+                if not notifications:
+                    continue
+                if not self._take(notifications):
+                    return True
+                if gathered_until is None:
+                    gathered_until = time.monotonic() + GATHER
+                    self.gathered += 1
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.listening = False
             return False
-        return True
+
+    def _take(self, notifications: list[psycopg.Notify]) -> bool:
+        """Count ``notifications`` and hand their hints over; whether each was told.
+
+        True when there were some and each came from this process's own writes
+        or carried hints; False when there were none or one tells nothing.
+        """
+        told = bool(notifications)
+        own = self._notifier.pids
+        for notification in notifications:
+            self.notifications += 1
+            if notification.pid in own:
+                continue
+            hints = hints_of(notification.payload)
+            if hints is None:
+                told = False
+                continue
+            self.hinted += 1
+            if hints:
+                for subscriber in list(self._hint_subscribers):
+                    try:
+                        subscriber(hints)
+                    except Exception:
+                        log.exception("a follower's hint subscriber failed")
+        return told
 
     def read(self) -> bool:
         """Read the tail once (in batches while full) and fan it out; True when rows wait."""

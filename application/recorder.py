@@ -15,9 +15,11 @@ takes neither:
 - the notification goes out *after* the commit, from a thread of its own
   that coalesces a burst of saves into one ``NOTIFY`` on the namespace's own
   channel; a save of a turn's middle steps only (``Sessions.STEP_TOPICS``)
-  waits up to ``DEFER`` for the next one. A notification lost (the process
-  died between the commit and the ``NOTIFY``) costs latency only: every
-  reader also polls;
+  waits up to ``DEFER`` for the next one. Its payload names the sessions
+  whose saves since the last one hold news somebody waits for (a turn to
+  take, a turn's end: ``Hint``), so a listener can act on them before it
+  reads the log. A notification lost (the process died between the commit
+  and the ``NOTIFY``) costs latency only: every reader also polls;
 - the same statement stores each event's hash, chained to the previous
   event of its stream (``application.chain``): the previous hash is read
   in the statement itself, so the chain costs no extra round trip;
@@ -35,13 +37,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
+from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg import InterfaceError, OperationalError
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL
 
 from turnlog.application import chain, logorder
 from turnlog.application.database import rendered
@@ -52,6 +55,51 @@ log = logging.getLogger("turnlog.recorder")
 KEPT_PIDS = 256  # server pids a notifier remembers (more: its pool was replaced)
 # Longest delay of a notification for a save of deferrable events only (see Notifier).
 DEFER = 0.02
+# A notification's payload: this format's tag, then one word per hint (see payload_of).
+PAYLOAD_FORMAT = "1"
+MAX_PAYLOAD = 7900  # PostgreSQL refuses a payload of 8,000 bytes or more
+
+
+class Hint(NamedTuple):
+    """News of one session in a notification: committed before it was sent.
+
+    ``marks``: one letter per kind of news (``Notifier.marks``); ``version``:
+    the highest version of the session's events that carried one.
+    """
+
+    session_id: UUID
+    marks: str
+    version: int
+
+
+def payload_of(hints: Sequence[Hint]) -> str:
+    """The payload that carries ``hints``: "1 <session hex>:<marks>:<version> …".
+
+    Too many for one payload: none at all (""), and listeners read the log to know.
+    """
+    words = [PAYLOAD_FORMAT, *(f"{h.session_id.hex}:{h.marks}:{h.version}" for h in hints)]
+    payload = " ".join(words)
+    return payload if len(payload) <= MAX_PAYLOAD else ""
+
+
+def hints_of(payload: str) -> list[Hint] | None:
+    """The hints a notification's payload carries; None when it tells nothing.
+
+    None for an empty payload (a notification from a writer that sent no news,
+    or more than one payload holds) or one in another format: the listener
+    must read the log to know what changed.
+    """
+    words = payload.split(" ")
+    if words[0] != PAYLOAD_FORMAT:
+        return None
+    hints = []
+    for word in words[1:]:
+        try:
+            session, marks, version = word.split(":")
+            hints.append(Hint(UUID(hex=session), marks, int(version)))
+        except ValueError:
+            return None
+    return hints
 
 
 def log_channel(recorder: object) -> str:
@@ -76,13 +124,18 @@ class Notifier:
     ``deferrable``: then within ``DEFER`` seconds, or with the next save
     notified at once, whichever comes first. One notification covers every
     commit before it, so the steps of a turn in between its submission and its
-    end cost no notification of their own while turns keep ending.
+    end cost no notification of their own while turns keep ending. Its payload
+    holds a ``Hint`` for each session whose saves since the last notification
+    hold an event of a topic in ``marks`` (topic -> letter).
     """
 
     def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
         self._datastore = datastore
-        self._statement = rendered(SQL("NOTIFY {}").format(Identifier(channel)))
+        self._channel = channel
+        self._statement = rendered(SQL("SELECT pg_notify(%s, %s)"))
         self.deferrable: frozenset[str] = frozenset()
+        self.marks: dict[str, str] = {}
+        self._hints: dict[UUID, Hint] = {}  # for the next notification
         self.defer = DEFER  # seconds a save of deferrable events only may wait
         self._cond = threading.Condition()
         self._due: float | None = None  # when the next notification is due (monotonic)
@@ -93,19 +146,39 @@ class Notifier:
         # process tells its own process's notifications from others' by them. The
         # server may give a closed connection's pid to another client later: its
         # notifications are then taken for ours, which delays their reading by
-        # the follower's OWN_GATHER at most, and loses nothing.
+        # the follower's GATHER at most, and loses nothing.
         self.pids: set[int] = set()
 
-    def notify(self, topics: Sequence[str] = ()) -> None:
+    def notify(
+        self,
+        topics: Sequence[str] = (),
+        ids: Sequence[UUID | str] = (),
+        versions: Sequence[int] = (),
+    ) -> None:
         """Ask for a notification after the caller's commit of events of ``topics``.
 
-        Soon, or within ``defer`` seconds when every topic is deferrable (none: soon).
+        Soon, or within ``defer`` seconds when every topic is deferrable (none:
+        soon). ``ids`` and ``versions``, beside ``topics``, are the events'
+        sessions and versions: the notification's hints.
         """
         now = time.monotonic()
         due = now + self.defer if topics and all(t in self.deferrable for t in topics) else now
+        marked = [
+            (sid, mark, version)
+            for sid, version, topic in zip(ids, versions, topics, strict=False)
+            if (mark := self.marks.get(topic))
+        ]
         with self._cond:
             if self._closed:
                 return
+            for sid, mark, version in marked:
+                session_id = sid if isinstance(sid, UUID) else UUID(sid)
+                known = self._hints.get(session_id)
+                if known is None:
+                    self._hints[session_id] = Hint(session_id, mark, version)
+                else:
+                    marks = known.marks + "".join(m for m in mark if m not in known.marks)
+                    self._hints[session_id] = Hint(session_id, marks, max(version, known.version))
             if self._due is None or due < self._due:
                 self._due = due
                 self._cond.notify()
@@ -129,15 +202,17 @@ class Notifier:
                 if self._closed:
                     return
                 self._due = None
-            self._send()
+                hints, self._hints = self._hints, {}
+            self._send(hints)
 
-    def _send(self) -> None:
+    def _send(self, hints: dict[UUID, Hint]) -> None:
+        payload = payload_of(list(hints.values()))
         try:
             with self._datastore.get_connection() as conn:
                 if len(self.pids) >= KEPT_PIDS:  # the pool's connections were replaced
                     self.pids = set()
                 self.pids.add(conn.info.backend_pid)  # before the notification can arrive
-                conn.execute(self._statement)
+                conn.execute(self._statement, (self._channel, payload))
             self.sent += 1
         except Exception as exc:  # a lost notification costs latency only: readers poll
             log.debug("notification not sent (%s); readers will poll", exc)
@@ -147,10 +222,11 @@ class Notifier:
         with self._cond:
             self._closed = True
             pending, self._due = self._due is not None, None
+            hints, self._hints = self._hints, {}
             thread = self._thread
             self._cond.notify_all()
         if pending:
-            self._send()
+            self._send(hints)
         if thread is not None:
             thread.join(timeout)
 
@@ -197,5 +273,8 @@ class TurnlogRecorder(PostgresApplicationRecorder):
                 rows = curs.fetchall()
             stored = True
         finally:
-            self.notifier.notify(params[2] if stored else ())
+            if stored:
+                self.notifier.notify(params[2], params[0], params[1])
+            else:
+                self.notifier.notify()
         return [int(next(iter(row.values()))) for row in rows]

@@ -82,6 +82,43 @@ STEP_TOPICS = frozenset(
     )
 )
 
+# Events after which a session may have a turn for a worker to take.
+WORK_TOPICS = frozenset(
+    event.TOPIC
+    for event in (
+        Session.TurnSubmitted,
+        Session.ToolCallResolved,
+        # A cancel asked of a turn whose owner is gone; a turn cancelled at once
+        # (the next queued one may start); an approval or rejection (the turn runs again).
+        Session.CancelRequested,
+        Session.TurnCancelled,
+        Session.ToolCallApproved,
+        Session.ToolCallRejected,
+    )
+)
+
+# Events after which a turn may be finished (a ``?wait`` on it reads it again).
+ENDING_TOPICS = frozenset(
+    event.TOPIC
+    for event in (
+        Session.TurnCompleted,
+        Session.TurnFailed,
+        Session.TurnInterrupted,
+        Session.TurnAbandoned,
+        Session.TurnCancelled,
+    )
+)
+
+# The news a notification's hints carry (recorder.Hint), one letter each:
+# other processes act on it before their follower reads the log.
+WORK_MARK = "w"  # a turn to take (WORK_TOPICS): the worker
+ENDING_MARK = "e"  # a turn's end (ENDING_TOPICS): ``?wait``
+HINT_MARKS = {
+    topic: (WORK_MARK if topic in WORK_TOPICS else "")
+    + (ENDING_MARK if topic in ENDING_TOPICS else "")
+    for topic in WORK_TOPICS | ENDING_TOPICS
+}
+
 
 class Sessions(Application[UUID]):
     """Event-sourced sessions, stored in the namespace's schema."""
@@ -112,6 +149,7 @@ class Sessions(Application[UUID]):
         notifier = getattr(self.recorder, "notifier", None)
         if notifier is not None:
             notifier.deferrable = STEP_TOPICS
+            notifier.marks = HINT_MARKS
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.

@@ -8,13 +8,12 @@ flight. Because the lease is a lock held by a live connection, a dead
 worker's turns become available the moment the server notices the death.
 
 Work is offered: by this process's own saves of an event of ``WORK_TOPICS``
-(a submit through its HTTP API, an approval …), the moment they commit, and
-by the process's log follower (``application.follower``) for every other
-such event. The follower's page repeats this process's own saves: those are
-not offered twice (a second offer of a session this worker already runs
-would run it again, for nothing, once it let go). Should the follower's page
-come first (the saving thread stalled after its commit), the session is
-offered twice, which costs that one run for nothing and loses nothing. One
+(a submit through its HTTP API, an approval …), the moment they commit; by
+the hints of another process's notification (``recorder.Hint``), the moment
+it arrives; and by the process's log follower (``application.follower``),
+whose page brings every such event again. Whichever comes first offers the
+session; the second is not offered again (a second offer of a session this
+worker already runs would run it again, for nothing, once it let go). One
 loop tries the offers, and every ``poll_interval`` seconds, whatever the
 offers, lists the open turns for the ones no offer names (a dead worker's
 turns, a turn refused earlier).
@@ -40,12 +39,13 @@ from turnlog.application.follower import LogFollower
 from turnlog.application.leases import Lease, owner_alive
 from turnlog.application.log_context import bound
 from turnlog.application.logorder import LogPage
+from turnlog.application.recorder import Hint
 from turnlog.application.recovery import DONE, summarize
 from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import WORK_MARK, WORK_TOPICS
 from turnlog.application.workers_registry import heartbeat, mark_stopped, register_worker
 from turnlog.domain.errors import DomainError
 from turnlog.domain.progress import Decision, Verdict, decide
-from turnlog.domain.session import Session
 
 log = logging.getLogger("turnlog.worker")
 
@@ -69,20 +69,7 @@ class WorkSource(Protocol):
         ...
 
 
-# Events after which a session may have a turn for a worker to take.
-WORK_TOPICS = [
-    Session.TurnSubmitted.TOPIC,
-    Session.ToolCallResolved.TOPIC,
-    # A cancel asked of a turn whose owner is gone; a turn cancelled at once
-    # (the next queued one may start); an approval or rejection (the turn runs again).
-    Session.CancelRequested.TOPIC,
-    Session.TurnCancelled.TOPIC,
-    Session.ToolCallApproved.TOPIC,
-    Session.ToolCallRejected.TOPIC,
-]
-
-WORK_EVENTS = frozenset(WORK_TOPICS)
-SAVED_HERE_MAX = 10_000  # sessions whose own work events wait for the follower's page
+OFFERED_MAX = 10_000  # sessions whose last work event offered is remembered
 
 
 # Decisions about a turn whose owner died (not the start of a queued one): logged when done.
@@ -151,9 +138,8 @@ class Worker:
         self._held: dict[str, Future[None]] = {}
         self._offers: set[str] = set()
         self._recheck: set[str] = set()  # offered while held: try again on release
-        # Work events this process saved (and offered then), by session: the
-        # highest version, until the follower's page brings it too.
-        self._saved_here: dict[str, int] = {}
+        # The highest version of a work event offered, by session.
+        self._offered: dict[str, int] = {}
         # Sessions whose turn failed unexpectedly here → (failures, not before).
         self._benched: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
@@ -175,7 +161,9 @@ class Worker:
             log.info("start-up check decided: %s", self.start_summary)
         self.runtime.sessions.on_saved(self._offer_saved)
         if self.follower is not None:
-            self.follower.subscribe(self._offer_page)
+            # Offered by hints and its own saves at once: the page is a safety net.
+            self.follower.subscribe(self._offer_page, prompt=False)
+            self.follower.subscribe_hints(self._offer_hints)
         for target, name in (
             (self._dispatch, "dispatch"),
             (self._heartbeat, "heartbeat"),
@@ -211,6 +199,7 @@ class Worker:
         self.runtime.sessions.off_saved(self._offer_saved)
         if self.follower is not None:
             self.follower.unsubscribe(self._offer_page)
+            self.follower.unsubscribe_hints(self._offer_hints)
         with self._lock:
             futures = list(self._held.values())
         done = _wait_all(futures, drain_timeout)
@@ -236,39 +225,39 @@ class Worker:
 
     def _offer_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
         """A save of this process just committed (on the saving thread): offer its work."""
-        versions = [e.originator_version for e in events if type(e).TOPIC in WORK_EVENTS]
-        if not versions:
-            return
-        key = str(session_id)
-        if self.follower is not None:  # its page will bring the same events again
-            with self._lock:
-                if len(self._saved_here) >= SAVED_HERE_MAX:  # the follower is far behind
-                    self._saved_here.clear()
-                self._saved_here[key] = max(versions[-1], self._saved_here.get(key, 0))
-        self.offer(key)
+        versions = [e.originator_version for e in events if type(e).TOPIC in WORK_TOPICS]
+        if versions:
+            self._offer_once(str(session_id), versions[-1])
+
+    def _offer_hints(self, hints: Sequence[Hint]) -> None:
+        """Another process's notification (on the follower's thread): offer its work."""
+        for hint in hints:
+            if WORK_MARK in hint.marks:
+                self._offer_once(str(hint.session_id), hint.version)
 
     def _offer_page(self, page: LogPage) -> None:
-        """The follower's new events (on its thread): offer the sessions that got work.
+        """The follower's new events (on its thread): offer the sessions that got work."""
+        versions: dict[str, int] = {}
+        for _, notification in page.records:
+            if notification.topic in WORK_TOPICS:
+                versions[str(notification.originator_id)] = notification.originator_version
+        for key, version in versions.items():
+            self._offer_once(key, version)
 
-        An event this process saved was offered when it committed: skipped.
+    def _offer_once(self, key: str, version: int) -> None:
+        """Offer the session's work up to ``version``, unless it was offered already.
+
+        Each work event reaches this process twice (its save or another
+        process's hint, then the follower's page), in either order: the second
+        is not offered again, as that would run the session again for nothing.
         """
-        offers: dict[str, None] = {}
         with self._lock:
-            for _, notification in page.records:
-                if notification.topic not in WORK_EVENTS:
-                    continue
-                key = str(notification.originator_id)
-                version = notification.originator_version
-                here = self._saved_here.get(key)
-                if here is not None:
-                    if version >= here:
-                        del self._saved_here[key]  # the follower has passed it
-                    if version <= here:
-                        # Offered at its save, which came after every version before it.
-                        continue
-                offers[key] = None
-        for key in offers:
-            self.offer(key)
+            if version <= self._offered.get(key, 0):
+                return
+            if len(self._offered) >= OFFERED_MAX:  # forgotten: one more offer at most
+                self._offered.clear()
+            self._offered[key] = version
+        self.offer(key)
 
     def _dispatch(self) -> None:
         """The one loop: offers as they come, and the open turns every ``poll_interval``.

@@ -12,7 +12,7 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.views import describe_turn
 from turnlog.interface.http.state import AppState
 
-# A turn in one of these states changes no more by itself (see waits.ENDING).
+# A turn in one of these states changes no more by itself (see sessions.ENDING_TOPICS).
 FINISHED = frozenset({"completed", "failed", "interrupted", "abandoned", "cancelled"})
 
 

@@ -6,11 +6,13 @@ the process's one log follower (``application.follower``), which reads each
 new page of the log once, tells this object which sessions got events, and
 only their waiters (``?wait=`` and live event streams) wake to read again.
 A ``?wait`` on a turn wakes only for events that end a turn
-(``ENDING``), not for each step of it: a turn's six commits cost its waiter
+(``ENDING_TOPICS``), not for each step of it: a turn's six commits cost its waiter
 one read after the first, not six. The follower also polls, so a lost
-notification costs latency, never a wake-up. A turn this process's own
-worker ended wakes its waiters sooner, from the save (``Sessions.on_saved``),
-without waiting for the follower to read the log. The number of concurrent waits
+notification costs latency, never a wake-up. A turn's end wakes its waiters
+sooner, without waiting for the follower to read the log: from the save,
+when this process's own worker ended it (``Sessions.on_saved``), or from
+the hints of the notification another process sent (``recorder.Hint``,
+``LogFollower.subscribe_hints``). The number of concurrent waits
 is bounded per process like live streams: past it, 503 ``too_many_waits``
 with Retry-After.
 """
@@ -25,21 +27,9 @@ from uuid import UUID
 
 from turnlog.application.follower import LogFollower, sessions_of
 from turnlog.application.logorder import LogPage
-from turnlog.application.sessions import Sessions
-from turnlog.domain.session import Session
+from turnlog.application.recorder import Hint
+from turnlog.application.sessions import ENDING_MARK, ENDING_TOPICS, Sessions
 from turnlog.interface.problems import TooManyWaits
-
-# The events after which a turn may be finished (see waiting.FINISHED).
-ENDING = frozenset(
-    event.TOPIC
-    for event in (
-        Session.TurnCompleted,
-        Session.TurnFailed,
-        Session.TurnInterrupted,
-        Session.TurnAbandoned,
-        Session.TurnCancelled,
-    )
-)
 
 # How often a waiter woken by nothing looks whether the server is draining.
 DRAIN_CHECK = 1.0
@@ -85,7 +75,9 @@ class TurnWaits:
             ),
         )
         self._waiters: dict[UUID, set[asyncio.Event]] = {}
-        self._ending_only: set[asyncio.Event] = set()  # waiters woken by ENDING events only
+        # Waiters woken by ENDING_TOPICS events only (``?wait``: hints tell them at once).
+        self._ending_only: set[asyncio.Event] = set()
+        self._streams = 0  # waiters woken by any change (live streams)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._follower: LogFollower | None = None
         self._sessions: Sessions | None = None
@@ -103,12 +95,15 @@ class TurnWaits:
         self.detach()
         self._loop = loop
         self._follower, self._sessions = follower, sessions
-        follower.subscribe(self._on_page)
+        # Pages are needed soon only by waiters of any change (live streams).
+        follower.subscribe(self._on_page, prompt=self._streaming)
+        follower.subscribe_hints(self._on_hints)
         sessions.on_saved(self._on_saved)
 
     def detach(self) -> None:
         if self._follower is not None:
             self._follower.unsubscribe(self._on_page)
+            self._follower.unsubscribe_hints(self._on_hints)
             self._follower = None
         if self._sessions is not None:
             self._sessions.off_saved(self._on_saved)
@@ -118,15 +113,26 @@ class TurnWaits:
         """On the writing thread: a turn of a watched session ended here; wake its waiters."""
         if session_id not in self._waiters or self._loop is None or self._loop.is_closed():
             return
-        if any(type(event).TOPIC in ENDING for event in events):
+        if any(type(event).TOPIC in ENDING_TOPICS for event in events):
             self._loop.call_soon_threadsafe(self._wake, [session_id], {session_id})
+
+    def _on_hints(self, hints: Sequence[Hint]) -> None:
+        """On the follower's thread: another process ended a turn of a watched session."""
+        ended = {h.session_id for h in hints if ENDING_MARK in h.marks}
+        watched = [s for s in ended if s in self._waiters]
+        if watched and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake, watched, ended)
 
     def _on_page(self, page: LogPage) -> None:
         """On the follower's thread: hand the watched sessions that changed to the loop."""
         watched = [s for s in sessions_of(page) if s in self._waiters]
         if watched and self._loop is not None and not self._loop.is_closed():
-            ended = set(sessions_of(page, ENDING))
+            ended = set(sessions_of(page, ENDING_TOPICS))
             self._loop.call_soon_threadsafe(self._wake, watched, ended)
+
+    def _streaming(self) -> bool:
+        """Whether a waiter is woken by any change (a live stream), not only by endings."""
+        return self._streams > 0
 
     def wake_all(self) -> None:
         """Wake every waiter (on the loop): they re-check, and see a shutdown."""
@@ -160,13 +166,18 @@ class TurnWaits:
         self._waiters.setdefault(session_id, set()).add(event)
         if ending_only:
             self._ending_only.add(event)
+        else:
+            self._streams += 1
         return event
 
     def unwatch(self, session_id: UUID, event: asyncio.Event) -> None:
-        self._ending_only.discard(event)
         events = self._waiters.get(session_id)
-        if events is not None:
+        if events is not None and event in events:
             events.discard(event)
+            if event in self._ending_only:
+                self._ending_only.discard(event)
+            else:
+                self._streams -= 1
             if not events:
                 del self._waiters[session_id]
 

@@ -10,9 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
-from tests.deadlines import scaled
+from tests.deadlines import poll, scaled
 from turnlog.application.logorder import Place
+from turnlog.application.recorder import Hint
 from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import WORK_MARK
 from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import build_runtime
@@ -110,11 +112,45 @@ def test_a_wait_on_a_turn_this_process_ran_is_woken_by_the_save_that_ended_it(
         woken = state.waits.woken
         response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
     finally:
-        follower.subscribe(state.waits._on_page)
+        follower.subscribe(state.waits._on_page, prompt=state.waits._streaming)
 
     assert response.status_code == 200
     assert response.json()["state"] == "completed"
     assert state.waits.woken == woken + 1  # not read at the deadline: woken by the ending save
+
+
+def test_a_wait_on_a_turn_another_process_ran_is_woken_by_the_hint_of_its_end(
+    api: TestClient, runtime: Runtime
+) -> None:
+    # ``runtime`` is the other process here: its notifications come from its own pool.
+    state = api.app.state.turnlog  # type: ignore[attr-defined]
+    follower = state.process.follower
+    follower.unsubscribe(state.waits._on_page)  # no page can wake it: only the hint
+    sid = new_session(api)
+    answered: list[tuple[int, str]] = []
+
+    def submit() -> None:
+        response = api.post(f"/v1/sessions/{sid}/turns?wait=30", json={"message": "hello"})
+        answered.append((response.status_code, response.json()["state"]))
+
+    try:
+        waiting = threading.Thread(target=submit)
+        woken = state.waits.woken
+        waiting.start()
+        poll(lambda: state.waits.open == 1, scaled(10), "the wait to begin")
+        poll(lambda: _queued(runtime, sid), scaled(10), "the submission")
+        run_queued_turn(runtime, sid)  # the other process runs it and ends it
+        waiting.join(scaled(30))
+    finally:
+        follower.subscribe(state.waits._on_page, prompt=state.waits._streaming)
+
+    assert answered == [(200, "completed")]  # before the deadline
+    assert state.waits.woken == woken + 1
+    assert follower.hinted > 0
+
+
+def _queued(runtime: Runtime, sid: str) -> bool:
+    return runtime.sessions.get_session(UUID(sid)).open_turn is not None
 
 
 def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
@@ -138,9 +174,37 @@ def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
         assert [n.topic for _, n in page.records].count(Session.TurnSubmitted.TOPIC) == 1
         worker._offer_page(page)  # the follower's page: the same submit again
     finally:
-        follower.subscribe(worker._offer_page)
+        follower.subscribe(worker._offer_page, prompt=False)
         del worker.offer
     assert offered == [sid]  # no second offer (it ran the session again after the turn)
+
+
+@pytest.mark.parametrize("hint_first", [True, False], ids=["hint first", "page first"])
+def test_work_hinted_by_another_process_is_offered_once_whatever_comes_first(
+    full: TestClient, runtime: Runtime, hint_first: bool
+) -> None:
+    state = full.app.state.turnlog  # type: ignore[attr-defined]
+    worker, follower, read = state.process.worker, state.process.follower, state.process.reads()
+    offered: list[str] = []
+    worker.offer = offered.append  # told, not run: this test hands the offers over itself
+    follower.unsubscribe(worker._offer_page)
+    follower.unsubscribe_hints(worker._offer_hints)
+    try:
+        sid = str(runtime.sessions.create_session(title="elsewhere").session_id)
+        submitted = runtime.sessions.submit_turn(UUID(sid), "hello")  # another process's
+        page = read.events.read(Place.start(), 1000)
+        hints = [Hint(UUID(sid), WORK_MARK, submitted.version)]
+        if hint_first:
+            worker._offer_hints(hints)
+            worker._offer_page(page)
+        else:
+            worker._offer_page(page)
+            worker._offer_hints(hints)
+    finally:
+        follower.subscribe(worker._offer_page, prompt=False)
+        follower.subscribe_hints(worker._offer_hints)
+        del worker.offer
+    assert offered == [sid]
 
 
 def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient) -> None:

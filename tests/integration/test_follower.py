@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+from uuid import uuid4
 
 import psycopg
 import pytest
 from psycopg import sql
 
 from tests.deadlines import poll, scaled
+from turnlog.application.follower import LogFollower
+from turnlog.application.recorder import Hint, hints_of, payload_of
+from turnlog.application.runtime import Runtime
+from turnlog.application.sessions import ENDING_MARK, WORK_MARK
 from turnlog.application.settings import Settings
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import Process, build_process
@@ -109,3 +115,97 @@ def test_a_deferred_notification_goes_out_when_the_process_stops(process: Proces
     notifier.close()
 
     assert notifier.sent == sent + 1 and notifier.due_in is None
+
+
+def _hints_until(
+    conn: psycopg.Connection[Any], seen: list[Hint], wanted: Callable[[list[Hint]], bool]
+) -> None:
+    """Read ``conn``'s notifications into ``seen`` until their hints satisfy ``wanted``."""
+
+    def arrived() -> bool:
+        for notification in conn.notifies(timeout=0.2):
+            seen.extend(hints_of(notification.payload) or [])
+        return wanted(seen)
+
+    poll(arrived, scaled(10), "the hints")
+
+
+def test_a_save_s_notification_names_the_work_and_the_turn_ends_it_holds(
+    process: Process,
+) -> None:
+    runtime, follower = process.runtime, process.follower
+    assert runtime is not None and follower is not None
+    sid = runtime.sessions.create_session(title="hinted").session_id
+    with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:
+        other.execute(sql.SQL("LISTEN {}").format(sql.Identifier(follower.channel)))
+
+        submitted = runtime.sessions.submit_turn(sid, "hello")  # this process's worker runs it
+
+        seen: list[Hint] = []
+        work = Hint(sid, WORK_MARK, submitted.version)
+        _hints_until(other, seen, lambda hints: work in hints)
+        _hints_until(
+            other,
+            seen,
+            lambda hints: any(h.session_id == sid and ENDING_MARK in h.marks for h in hints),
+        )
+    turn = runtime.sessions.turn_record(sid, submitted.turn_id)[1]
+    assert turn.state == "completed"
+
+
+def _notify(conn: psycopg.Connection[Any], channel: str, payload: str) -> None:
+    conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+def test_another_process_s_hints_are_handed_over_before_the_log_is_read(
+    runtime: Runtime,
+) -> None:
+    follower = LogFollower(runtime.sessions, runtime.db, poll_interval=3600)
+    hurry = [False]
+    asked = [0]
+
+    def in_a_hurry() -> bool:
+        asked[0] += 1
+        return hurry[0]
+
+    told: list[Hint] = []
+    follower.subscribe(lambda page: None, prompt=in_a_hurry)
+    follower.subscribe_hints(told.extend)
+    follower.start()
+    try:
+        poll(lambda: follower.listening, scaled(10), "the follower to listen")
+        reads = follower.reads
+        hint = Hint(uuid4(), WORK_MARK, 3)
+        with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:
+            _notify(other, follower.channel, payload_of([hint]))
+            poll(lambda: told == [hint], scaled(10), "the hint to be handed over")
+            # No subscriber is in a hurry: the follower keeps gathering (it asks
+            # again every GATHER) and reads nothing before its poll.
+            since = asked[0]
+            poll(lambda: asked[0] >= since + 3, scaled(10), "the follower to ask again")
+            assert follower.reads == reads
+            assert follower.hinted == 1 and follower.gathered >= 1
+
+            hurry[0] = True  # a subscriber needs the pages now: read at once
+            poll(lambda: follower.reads > reads, scaled(10), "the read")
+    finally:
+        follower.stop()
+
+
+def test_a_notification_whose_hints_cannot_be_read_is_read_from_the_log_at_once(
+    runtime: Runtime,
+) -> None:
+    follower = LogFollower(runtime.sessions, runtime.db, poll_interval=3600)
+    told: list[Hint] = []
+    follower.subscribe(lambda page: None, prompt=False)
+    follower.subscribe_hints(told.extend)
+    follower.start()
+    try:
+        poll(lambda: follower.listening, scaled(10), "the follower to listen")
+        reads = follower.reads
+        with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:
+            _notify(other, follower.channel, "1 not-a-session:w:1")
+            poll(lambda: follower.reads > reads, scaled(10), "the read")
+        assert told == [] and follower.hinted == 0
+    finally:
+        follower.stop()

@@ -1,0 +1,61 @@
+"""A notification's payload: the hints another process acts on before it reads the log."""
+
+from __future__ import annotations
+
+from uuid import uuid4
+
+import pytest
+
+from turnlog.application.recorder import MAX_PAYLOAD, Hint, hints_of, payload_of
+from turnlog.application.sessions import (
+    ENDING_MARK,
+    ENDING_TOPICS,
+    HINT_MARKS,
+    STEP_TOPICS,
+    WORK_MARK,
+    WORK_TOPICS,
+)
+from turnlog.domain.session import Session
+
+
+def test_hints_come_back_as_they_were_sent() -> None:
+    hints = [Hint(uuid4(), "w", 7), Hint(uuid4(), "we", 12), Hint(uuid4(), "e", 1)]
+
+    assert hints_of(payload_of(hints)) == hints
+
+
+def test_a_notification_with_no_news_tells_that_there_is_none() -> None:
+    assert payload_of([]) == "1"
+    assert hints_of("1") == []
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "",  # an older writer's NOTIFY, or too many hints for one payload
+        "2 deadbeef:w:1",  # a format this version does not know
+        "1 not-a-session:w:1",
+        "1 " + uuid4().hex + ":w:seven",
+        "1 " + uuid4().hex + ":w",
+    ],
+)
+def test_a_payload_that_tells_nothing_certain_is_read_as_no_hints(payload: str) -> None:
+    assert hints_of(payload) is None  # the listener reads the log to know
+
+
+def test_more_hints_than_one_payload_holds_send_none() -> None:
+    many = [Hint(uuid4(), "we", 1_000_000) for _ in range(MAX_PAYLOAD // 40)]
+
+    payload = payload_of(many)
+
+    assert payload == "" and hints_of(payload) is None
+    assert len(payload_of(many[:100]).encode()) < 8000  # what PostgreSQL accepts
+
+
+def test_work_and_turn_ends_are_marked_and_a_turn_s_middle_steps_are_not() -> None:
+    assert HINT_MARKS[Session.TurnSubmitted.TOPIC] == WORK_MARK
+    assert HINT_MARKS[Session.TurnCompleted.TOPIC] == ENDING_MARK
+    # A turn cancelled at once both ends it and may start the one queued behind it.
+    assert HINT_MARKS[Session.TurnCancelled.TOPIC] == WORK_MARK + ENDING_MARK
+    assert set(HINT_MARKS) == WORK_TOPICS | ENDING_TOPICS
+    assert not set(HINT_MARKS) & STEP_TOPICS  # deferred saves carry no news
