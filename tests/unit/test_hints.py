@@ -35,8 +35,8 @@ def test_a_notification_with_no_news_tells_that_there_is_none() -> None:
         "",  # an older writer's NOTIFY, or too many hints for one payload
         "2 deadbeef:w:1",  # a format this version does not know
         "1 not-a-session:w:1",
-        "1 " + uuid4().hex + ":w:seven",
-        "1 " + uuid4().hex + ":w",
+        "1 " + "7" * 32 + ":w:seven",
+        "1 " + "7" * 32 + ":w",
     ],
 )
 def test_a_payload_that_tells_nothing_certain_is_read_as_no_hints(payload: str) -> None:
