@@ -112,7 +112,9 @@ class LogFollower:
         self._notifier = recorder.notifier  # its pids: the server pids of our own NOTIFYs
         self.place = Place.start()  # where the next read begins
         self._subscribers: list[Subscriber] = []
-        self._prompt: dict[Subscriber, Callable[[], bool]] = {}  # whether one needs pages now
+        # Whether a subscriber needs pages soon after the commits: always (True),
+        # never (False), or as a function says now.
+        self._prompt: dict[Subscriber, Callable[[], bool] | bool] = {}
         self._hint_subscribers: list[HintSubscriber] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -126,16 +128,22 @@ class LogFollower:
         a safety net, and alone lets told wake-ups wait for the next poll.
         """
         self._subscribers.append(subscriber)
-        self._prompt[subscriber] = prompt if callable(prompt) else (lambda: prompt)
+        self._prompt[subscriber] = prompt
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         if subscriber in self._subscribers:
             self._subscribers.remove(subscriber)
             self._prompt.pop(subscriber, None)
 
-    def _in_a_hurry(self) -> bool:
-        """Whether a subscriber needs the pages soon after the commits now."""
-        return any(prompt() for prompt in list(self._prompt.values()))
+    def _in_a_hurry(self) -> bool | None:
+        """Whether a subscriber needs the pages soon after the commits now.
+
+        None: no, nor can one until a subscriber comes or goes.
+        """
+        prompts = list(self._prompt.values())
+        if any(p is True or (callable(p) and p()) for p in prompts):
+            return True
+        return False if any(callable(p) for p in prompts) else None
 
     def subscribe_hints(self, subscriber: HintSubscriber) -> None:
         """Call ``subscriber`` (on the follower's thread) with another process's hints.
@@ -209,16 +217,18 @@ class LogFollower:
         A notification that tells nothing ends the wait at once. Once one was
         told (from this process's own writes, or with hints, handed over as
         they come), the wait goes on ``GATHER`` for more, or to ``timeout``
-        while no subscriber is in a hurry (looking again every ``GATHER``).
+        while no subscriber is in a hurry (looking again every ``GATHER``
+        while one may be soon).
         """
         deadline = time.monotonic() + timeout
         gathered_until: float | None = None  # set by the first told notification
         try:
             while True:
                 now = time.monotonic()
-                if gathered_until is None:
+                hurry = None if gathered_until is None else self._in_a_hurry()
+                if gathered_until is None or hurry is None:
                     until = deadline
-                elif self._in_a_hurry():
+                elif hurry:
                     until = min(deadline, gathered_until)
                 else:
                     until = min(deadline, now + GATHER)
