@@ -11,6 +11,7 @@ the worker. ``stop()`` takes them down in reverse order.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -284,6 +285,24 @@ def _running(supervisor: ProjectionSupervisor | None) -> bool:
         return False
     runners = supervisor.runners()
     return bool(runners) and all(r["state"] in ("active", "standby") for r in runners)
+
+
+# The collector's thresholds in a long-running process (serve, worker, projections
+# run). A turn allocates tens of thousands of short-lived objects (events, rows,
+# requests), and the default (a young collection every 700 allocations) spent
+# about 5 % of these processes' CPU (serve --split at 16 clients, interleaved A/B:
+# Python CPU per turn 0.95x). Cycles are still collected, in larger batches.
+LONG_RUNNING_GC = (50_000, 20, 10)
+
+
+def tune_collector() -> None:
+    """For a long-running process, once its modules are loaded: collect less often.
+
+    What start-up made is frozen (later collections skip it), and the young
+    generation is collected every ``LONG_RUNNING_GC[0]`` allocations.
+    """
+    gc.freeze()
+    gc.set_threshold(*LONG_RUNNING_GC)
 
 
 def build_process(

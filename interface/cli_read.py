@@ -31,7 +31,7 @@ from rich.text import Text
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.interface.bootstrap import Process, build_process
+from turnlog.interface.bootstrap import Process, build_process, tune_collector
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import (
     err,
@@ -108,6 +108,7 @@ def projections_run(
     process = build_process(
         settings, Role.PROJECTIONS, only=only, batch_size=batch_size, poll_interval=poll_interval
     )
+    tune_collector()
     metrics = MetricsServer(process)
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)

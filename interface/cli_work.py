@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from turnlog.application.worker import check_open_turns
-from turnlog.interface.bootstrap import OpenTurnsSource, build_process
+from turnlog.interface.bootstrap import OpenTurnsSource, build_process, tune_collector
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
 
@@ -39,6 +39,7 @@ def worker(
     settings = ctx.find_root().obj.settings()
     configure_logging(settings)
     process = build_process(settings, Role.WORKER, worker_concurrency=concurrency)
+    tune_collector()
     metrics = MetricsServer(process)
     process.observer = metrics.execution
     if metrics_port:  # before the database: a busy port fails fast

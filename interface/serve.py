@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from turnlog.application.settings import Settings
+from turnlog.interface.bootstrap import tune_collector
 from turnlog.interface.logs import configure_logging
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import refusals
@@ -90,6 +91,7 @@ def serve(
     here = Role.API if split else role
     app = create_app(settings, role=here, worker_concurrency=concurrency, options=options)
     server = draining_server(app, settings, host, port)
+    tune_collector()
     children = None
     if split:
         commands = (concurrency, drain_timeout, children_metrics_port, host)
