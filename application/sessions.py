@@ -43,8 +43,8 @@ log = logging.getLogger("turnlog.sessions")
 
 T = TypeVar("T")
 EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
-KNOWN_SESSIONS = 256  # sessions whose latest events this process keeps (Sessions._known)
-KNOWN_EVENTS = 128  # the latest events kept of each
+KNOWN_SESSIONS = 64  # sessions whose latest events this process keeps (Sessions._known)
+KNOWN_EVENTS = 64  # the latest events kept of each (a turn of some 20 tool calls)
 # Re-decisions allowed to a command that races a running turn's writes (a
 # follow-up, a cancel, an approval): each is one reload and one short save.
 CONTENDED_ATTEMPTS = 8
