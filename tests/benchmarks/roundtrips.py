@@ -70,9 +70,9 @@ def install() -> None:
         _count("saves (durable commits)")
         return insert(self, *args, **kwargs)
 
-    def counted_send(self: Any) -> None:
+    def counted_send(self: Any, *args: Any) -> None:
         _count("notifications (NOTIFY commits, no flush)")
-        send(self)
+        send(self, *args)
 
     def counted_exit(self: Any, exc_type: Any, *args: Any) -> Any:
         if exc_type is None and not getattr(self, "force_rollback", False):
