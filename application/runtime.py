@@ -137,7 +137,10 @@ class Runtime:
         verdict = decide(
             session, turn, False, self.executor.max_steps, probes=self.probed_tools(), now=now
         )
-        log.info("recovery: %s", verdict.decision, extra=verdict.as_dict())
+        # Starting a queued turn is no recovery: said at DEBUG (the claim is logged).
+        level = logging.DEBUG if verdict.decision is Decision.START else logging.INFO
+        if log.isEnabledFor(level):
+            log.log(level, "recovery: %s", verdict.decision, extra=verdict.as_dict())
         if verdict.decision is Decision.PROBE:
             settled = settle_by_probe(
                 self.executor, session_id, turn.turn_id, verdict.call_id, lease

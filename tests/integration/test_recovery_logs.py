@@ -69,3 +69,19 @@ def test_start_up_logs_the_decision_then_the_interruption_once_it_is_recorded(
         assert said_interrupted == [], [r.getMessage() for r in said_interrupted]
     finally:
         worker.stop(drain_timeout=5)
+
+
+def test_starting_a_queued_turn_is_no_recovery_at_info(
+    runtime: Runtime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="turnlog")
+    sid = runtime.sessions.create_session(title="plain").session_id
+    runtime.send(sid, "hello")  # a queued turn, started: nothing was recovered
+    said = [r for r in caplog.records if r.getMessage().startswith("recovery:")]
+    assert [(r.levelno, r.getMessage()) for r in said] == [(logging.DEBUG, "recovery: start")]
+
+    caplog.clear()
+    orphan, _ = orphan_a_side_effecting_call(runtime)
+    runtime.continue_session(orphan)  # its owner is gone: a recovery, said at INFO
+    said = [r for r in caplog.records if r.getMessage().startswith("recovery:")]
+    assert [(r.levelno, r.getMessage()) for r in said] == [(logging.INFO, "recovery: interrupt")]
