@@ -51,6 +51,7 @@ from turnlog.application.sessions import Sessions
 log = logging.getLogger("turnlog.follower")
 
 HELD_POLL = 0.02  # how often to look again while committed events wait past the horizon
+STOP_CHECK = 0.5  # the longest a wait for notifications goes without looking for a stop
 # How long a wake-up whose notifications were all told already (our own writes,
 # or another process's with hints) waits for more before reading: their urgent
 # readers (the worker, a ``?wait``) know; a burst of commits then costs one read.
@@ -218,12 +219,12 @@ class LogFollower:
         told (from this process's own writes, or with hints, handed over as
         they come), the wait goes on ``GATHER`` for more, or to ``timeout``
         while no subscriber is in a hurry (looking again every ``GATHER``
-        while one may be soon).
+        while one may be soon). A stop ends it within ``STOP_CHECK``.
         """
         deadline = time.monotonic() + timeout
         gathered_until: float | None = None  # set by the first told notification
         try:
-            while True:
+            while not self._stop.is_set():
                 now = time.monotonic()
                 hurry = None if gathered_until is None else self._in_a_hurry()
                 if gathered_until is None or hurry is None:
@@ -232,11 +233,10 @@ class LogFollower:
                     until = min(deadline, gathered_until)
                 else:
                     until = min(deadline, now + GATHER)
-                    if now >= deadline:
-                        return True
                 if now >= until:
                     return True
-                notifications = list(conn.notifies(timeout=until - now, stop_after=1))
+                wait = min(until - now, STOP_CHECK)
+                notifications = list(conn.notifies(timeout=wait, stop_after=1))
                 # Drain what else arrived: one read covers them all.
                 notifications += conn.notifies(timeout=0)
                 if not notifications:
@@ -246,6 +246,7 @@ class LogFollower:
                 if gathered_until is None:
                     gathered_until = time.monotonic() + GATHER
                     self.gathered += 1
+            return True
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost (%s); polling until it is back", exc)
             self.listening = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -157,10 +158,26 @@ def _notify(conn: psycopg.Connection[Any], channel: str, payload: str) -> None:
     conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
 
+@contextmanager
+def _listening(
+    runtime: Runtime, prompt: Callable[[], bool] | bool
+) -> Iterator[tuple[LogFollower, list[Hint]]]:
+    """A follower of its own (polling hourly), its one page subscriber, and the hints told."""
+    follower = LogFollower(runtime.sessions, runtime.db, poll_interval=3600)
+    told: list[Hint] = []
+    follower.subscribe(lambda page: None, prompt=prompt)
+    follower.subscribe_hints(told.extend)
+    follower.start()
+    try:
+        poll(lambda: follower.listening, scaled(10), "the follower to listen")
+        yield follower, told
+    finally:
+        follower.stop()
+
+
 def test_another_process_s_hints_are_handed_over_before_the_log_is_read(
     runtime: Runtime,
 ) -> None:
-    follower = LogFollower(runtime.sessions, runtime.db, poll_interval=3600)
     hurry = [False]
     asked = [0]
 
@@ -168,44 +185,33 @@ def test_another_process_s_hints_are_handed_over_before_the_log_is_read(
         asked[0] += 1
         return hurry[0]
 
-    told: list[Hint] = []
-    follower.subscribe(lambda page: None, prompt=in_a_hurry)
-    follower.subscribe_hints(told.extend)
-    follower.start()
-    try:
-        poll(lambda: follower.listening, scaled(10), "the follower to listen")
+    with (
+        _listening(runtime, in_a_hurry) as (follower, told),
+        psycopg.connect(runtime.db.conninfo, autocommit=True) as other,
+    ):
         reads = follower.reads
         hint = Hint(uuid4(), WORK_MARK, 3)
-        with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:
-            _notify(other, follower.channel, payload_of([hint]))
-            poll(lambda: told == [hint], scaled(10), "the hint to be handed over")
-            # No subscriber is in a hurry: the follower keeps gathering (it asks
-            # again every GATHER) and reads nothing before its poll.
-            since = asked[0]
-            poll(lambda: asked[0] >= since + 3, scaled(10), "the follower to ask again")
-            assert follower.reads == reads
-            assert follower.hinted == 1 and follower.gathered >= 1
+        _notify(other, follower.channel, payload_of([hint]))
+        poll(lambda: told == [hint], scaled(10), "the hint to be handed over")
+        # No subscriber is in a hurry: the follower keeps gathering (it asks
+        # again every GATHER) and reads nothing before its poll.
+        since = asked[0]
+        poll(lambda: asked[0] >= since + 3, scaled(10), "the follower to ask again")
+        assert follower.reads == reads
+        assert follower.hinted == 1 and follower.gathered >= 1
 
-            hurry[0] = True  # a subscriber needs the pages now: read at once
-            poll(lambda: follower.reads > reads, scaled(10), "the read")
-    finally:
-        follower.stop()
+        hurry[0] = True  # a subscriber needs the pages now: read at once
+        poll(lambda: follower.reads > reads, scaled(10), "the read")
 
 
 def test_a_notification_whose_hints_cannot_be_read_is_read_from_the_log_at_once(
     runtime: Runtime,
 ) -> None:
-    follower = LogFollower(runtime.sessions, runtime.db, poll_interval=3600)
-    told: list[Hint] = []
-    follower.subscribe(lambda page: None, prompt=False)
-    follower.subscribe_hints(told.extend)
-    follower.start()
-    try:
-        poll(lambda: follower.listening, scaled(10), "the follower to listen")
+    with (
+        _listening(runtime, False) as (follower, told),
+        psycopg.connect(runtime.db.conninfo, autocommit=True) as other,
+    ):
         reads = follower.reads
-        with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:
-            _notify(other, follower.channel, "1 not-a-session:w:1")
-            poll(lambda: follower.reads > reads, scaled(10), "the read")
+        _notify(other, follower.channel, "1 not-a-session:w:1")
+        poll(lambda: follower.reads > reads, scaled(10), "the read")
         assert told == [] and follower.hinted == 0
-    finally:
-        follower.stop()
