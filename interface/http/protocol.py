@@ -1,4 +1,4 @@
-"""uvicorn's h11 protocol with read timeouts for slow clients.
+"""uvicorn's httptools protocol with read timeouts for slow clients.
 
 uvicorn closes a keep-alive connection that stays idle after a response
 (``timeout_keep_alive``), but nothing else: a client that opens a
@@ -18,6 +18,10 @@ So each connection here has two deadlines:
   response was started, the request's handler sees a disconnect, and the
   connection is closed. Bodies are bounded (1 MiB), so a whole-body deadline
   refuses no honest client that is not on a very slow link.
+
+The protocol is uvicorn's httptools one (a C parser), not its h11 one (pure
+Python): under ``serve --split`` at 16 clients h11 was a quarter of the API
+process's CPU, and this protocol took its CPU per turn down by about 7 %.
 """
 
 from __future__ import annotations
@@ -25,8 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("turnlog.http")
 
@@ -39,8 +42,8 @@ TIMEOUT_RESPONSE = (
 )
 
 
-class TimedH11Protocol(H11Protocol):
-    """H11Protocol that closes connections whose headers or body do not arrive in time."""
+class TimedProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol that closes connections whose headers or body do not arrive in time."""
 
     header_timeout: float = 10.0
     body_timeout: float = 30.0
@@ -48,6 +51,7 @@ class TimedH11Protocol(H11Protocol):
     _header_timer: asyncio.TimerHandle | None = None
     _body_timer: asyncio.TimerHandle | None = None
     _received: bool = False  # whether any byte of the pending request came
+    _in_body: bool = False  # between a request's headers and the end of its body
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -63,23 +67,24 @@ class TimedH11Protocol(H11Protocol):
             self._arm_header_timer()  # after a response, the next request's clock starts
         super().data_received(data)
 
-    def handle_events(self) -> None:
+    def on_headers_complete(self) -> None:
         cycle = self.cycle
-        super().handle_events()
+        super().on_headers_complete()
         if self.cycle is not cycle:  # a request's headers were complete
             self._cancel(self._header_timer)
             self._header_timer = None
             self._received = False
-            if self.conn.their_state is h11.SEND_BODY:
-                self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
-        if self._body_timer is not None and self.conn.their_state is not h11.SEND_BODY:
-            self._cancel(self._body_timer)
-            self._body_timer = None
+            self._in_body = True
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_body = False
+        self._cancel(self._body_timer)
+        self._body_timer = None
 
     def _waiting_for_request(self) -> bool:
-        return self.cycle is None or (
-            self.cycle.response_complete and self.conn.their_state is not h11.SEND_BODY
-        )
+        return not self._in_body and (self.cycle is None or self.cycle.response_complete)
 
     def _arm_header_timer(self) -> None:
         if self._header_timer is None:
@@ -96,7 +101,7 @@ class TimedH11Protocol(H11Protocol):
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.SEND_BODY:
+        if self.transport.is_closing() or not self._in_body:
             return
         log.info("request body not received within %.0f s; closing", self.body_timeout)
         cycle = self.cycle
@@ -123,10 +128,10 @@ class TimedH11Protocol(H11Protocol):
             timer.cancel()
 
 
-def timed_protocol(header_timeout: float, body_timeout: float) -> type[TimedH11Protocol]:
+def timed_protocol(header_timeout: float, body_timeout: float) -> type[TimedProtocol]:
     """The protocol class uvicorn is to use, with these deadlines (seconds)."""
 
-    class Protocol(TimedH11Protocol):
+    class Protocol(TimedProtocol):
         pass
 
     Protocol.header_timeout = header_timeout
