@@ -45,7 +45,7 @@ from turnlog.application import logorder
 from turnlog.application.database import Database, connect
 from turnlog.application.errors import ApplicationError
 from turnlog.application.logorder import LogPage, Place
-from turnlog.application.recorder import Hint, hints_of, log_channel
+from turnlog.application.recorder import Hint, log_channel, notice_of
 from turnlog.application.sessions import Sessions
 
 log = logging.getLogger("turnlog.follower")
@@ -110,7 +110,7 @@ class LogFollower:
         self.notifications = 0  # received (a burst drained at once counts each)
         self.gathered = 0  # wake-ups told already (ours, or hinted) that waited for more
         self.hinted = 0  # notifications of other processes whose hints were handed over
-        self._notifier = recorder.notifier  # its pids: the server pids of our own NOTIFYs
+        self._origin = recorder.notifier.origin  # names this process in its own payloads
         self.place = Place.start()  # where the next read begins
         self._subscribers: list[Subscriber] = []
         # Whether a subscriber needs pages soon after the commits: always (True),
@@ -259,20 +259,19 @@ class LogFollower:
         or carried hints; False when there were none or one tells nothing.
         """
         told = bool(notifications)
-        own = self._notifier.pids
         for notification in notifications:
             self.notifications += 1
-            if notification.pid in own:
-                continue
-            hints = hints_of(notification.payload)
-            if hints is None:
+            notice = notice_of(notification.payload)
+            if notice is None:
                 told = False
                 continue
+            if notice.origin == self._origin:
+                continue  # ours: the saves told this process's readers already
             self.hinted += 1
-            if hints:
+            if notice.hints:
                 for subscriber in list(self._hint_subscribers):
                     try:
-                        subscriber(hints)
+                        subscriber(notice.hints)
                     except Exception:
                         log.exception("a follower's hint subscriber failed")
         return told

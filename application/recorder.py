@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -52,11 +53,11 @@ from turnlog.application.errors import ApplicationError
 
 log = logging.getLogger("turnlog.recorder")
 
-KEPT_PIDS = 256  # server pids a notifier remembers (more: its pool was replaced)
 # Longest delay of a notification for a save of deferrable events only (see Notifier).
 DEFER = 0.02
-# A notification's payload: this format's tag, then one word per hint (see payload_of).
+# A notification's payload: this format's tag, the sender, one word per hint (see payload_of).
 PAYLOAD_FORMAT = "1"
+ORIGIN_LENGTH = 16  # hex digits of a notifier's origin, drawn at random per process
 MAX_PAYLOAD = 7900  # PostgreSQL refuses a payload of 8,000 bytes or more
 
 
@@ -72,34 +73,46 @@ class Hint(NamedTuple):
     version: int
 
 
-def payload_of(hints: Sequence[Hint]) -> str:
-    """The payload that carries ``hints``: "1 <session hex>:<marks>:<version> …".
+class Notice(NamedTuple):
+    """What a notification's payload tells: who sent it, and the news in it."""
+
+    origin: str  # the sending notifier's (``Notifier.origin``): one per process
+    hints: list[Hint]
+
+
+def payload_of(origin: str, hints: Sequence[Hint]) -> str:
+    """The payload that carries ``hints``: "1 <origin> <session hex>:<marks>:<version> …".
 
     Too many for one payload: none at all (""), and listeners read the log to know.
     """
-    words = [PAYLOAD_FORMAT, *(f"{h.session_id.hex}:{h.marks}:{h.version}" for h in hints)]
+    words = [PAYLOAD_FORMAT, origin]
+    words += (f"{h.session_id.hex}:{h.marks}:{h.version}" for h in hints)
     payload = " ".join(words)
     return payload if len(payload) <= MAX_PAYLOAD else ""
 
 
-def hints_of(payload: str) -> list[Hint] | None:
-    """The hints a notification's payload carries; None when it tells nothing.
+def notice_of(payload: str) -> Notice | None:
+    """What a notification's payload tells; None when it tells nothing.
 
     None for an empty payload (a notification from a writer that sent no news,
     or more than one payload holds) or one in another format: the listener
     must read the log to know what changed.
     """
     words = payload.split(" ")
-    if words[0] != PAYLOAD_FORMAT:
+    if len(words) < 2 or words[0] != PAYLOAD_FORMAT or not _is_origin(words[1]):
         return None
     hints = []
-    for word in words[1:]:
+    for word in words[2:]:
         try:
             session, marks, version = word.split(":")
             hints.append(Hint(UUID(hex=session), marks, int(version)))
         except ValueError:
             return None
-    return hints
+    return Notice(words[1], hints)
+
+
+def _is_origin(word: str) -> bool:
+    return len(word) == ORIGIN_LENGTH and all(c in "0123456789abcdef" for c in word)
 
 
 def log_channel(recorder: object) -> str:
@@ -136,18 +149,15 @@ class Notifier:
         self.deferrable: frozenset[str] = frozenset()
         self.marks: dict[str, str] = {}
         self._hints: dict[UUID, Hint] = {}  # for the next notification
+        # Names this process in its payloads: its own follower tells them from
+        # another process's by it (its saves told this process's readers already).
+        self.origin = secrets.token_hex(ORIGIN_LENGTH // 2)
         self.defer = DEFER  # seconds a save of deferrable events only may wait
         self._cond = threading.Condition()
         self._due: float | None = None  # when the next notification is due (monotonic)
         self._thread: threading.Thread | None = None
         self._closed = False
         self.sent = 0
-        # The server pids of the connections it notified from: a listener in this
-        # process tells its own process's notifications from others' by them. The
-        # server may give a closed connection's pid to another client later: its
-        # notifications are then taken for ours, which delays their reading by
-        # the follower's GATHER at most, and loses nothing.
-        self.pids: set[int] = set()
 
     def notify(
         self,
@@ -206,12 +216,9 @@ class Notifier:
             self._send(hints)
 
     def _send(self, hints: dict[UUID, Hint]) -> None:
-        payload = payload_of(list(hints.values()))
+        payload = payload_of(self.origin, list(hints.values()))
         try:
             with self._datastore.get_connection() as conn:
-                if len(self.pids) >= KEPT_PIDS:  # the pool's connections were replaced
-                    self.pids = set()
-                self.pids.add(conn.info.backend_pid)  # before the notification can arrive
                 conn.execute(self._statement, (self._channel, payload))
             self.sent += 1
         except Exception as exc:  # a lost notification costs latency only: readers poll

@@ -15,7 +15,7 @@ from psycopg import sql
 
 from tests.deadlines import poll, scaled
 from turnlog.application.follower import LogFollower
-from turnlog.application.recorder import Hint, hints_of, payload_of
+from turnlog.application.recorder import Hint, notice_of, payload_of
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import ENDING_MARK, WORK_MARK
 from turnlog.application.settings import Settings
@@ -74,9 +74,12 @@ def test_a_wake_up_by_this_process_s_own_writes_waits_for_more_and_another_s_doe
     assert follower is not None and runtime is not None
     poll(lambda: follower.listening, 10, "the follower to listen")
 
-    gathered = follower.gathered
-    runtime.sessions.create_session(title="ours")  # its NOTIFY comes from our pool
+    gathered, hinted = follower.gathered, follower.hinted
+    runtime.sessions.submit_turn(  # its NOTIFY names our notifier, and the work in it
+        runtime.sessions.create_session(title="ours").session_id, "hello"
+    )
     poll(lambda: follower.gathered > gathered, scaled(10), "a wake-up by our write to wait")
+    assert follower.hinted == hinted  # our own: its hints were told by the save itself
 
     notified, gathered = follower.notifications, follower.gathered
     with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:  # another process's
@@ -125,7 +128,8 @@ def _hints_until(
 
     def arrived() -> bool:
         for notification in conn.notifies(timeout=0.2):
-            seen.extend(hints_of(notification.payload) or [])
+            notice = notice_of(notification.payload)
+            seen.extend(notice.hints if notice is not None else [])
         return wanted(seen)
 
     poll(arrived, scaled(10), "the hints")
@@ -191,7 +195,7 @@ def test_another_process_s_hints_are_handed_over_before_the_log_is_read(
     ):
         reads = follower.reads
         hint = Hint(uuid4(), WORK_MARK, 3)
-        _notify(other, follower.channel, payload_of([hint]))
+        _notify(other, follower.channel, payload_of("feedfacefeedface", [hint]))
         poll(lambda: told == [hint], scaled(10), "the hint to be handed over")
         # No subscriber is in a hurry: the follower keeps gathering (it asks
         # again every GATHER) and reads nothing before its poll.
@@ -212,6 +216,6 @@ def test_a_notification_whose_hints_cannot_be_read_is_read_from_the_log_at_once(
         psycopg.connect(runtime.db.conninfo, autocommit=True) as other,
     ):
         reads = follower.reads
-        _notify(other, follower.channel, "1 not-a-session:w:1")
+        _notify(other, follower.channel, "1 feedfacefeedface not-a-session:w:1")
         poll(lambda: follower.reads > reads, scaled(10), "the read")
         assert told == [] and follower.hinted == 0

@@ -6,7 +6,7 @@ from uuid import uuid4
 
 import pytest
 
-from turnlog.application.recorder import MAX_PAYLOAD, Hint, hints_of, payload_of
+from turnlog.application.recorder import MAX_PAYLOAD, Hint, Notice, notice_of, payload_of
 from turnlog.application.sessions import (
     ENDING_MARK,
     ENDING_TOPICS,
@@ -17,39 +17,43 @@ from turnlog.application.sessions import (
 )
 from turnlog.domain.session import Session
 
+ORIGIN = "0123456789abcdef"
 
-def test_hints_come_back_as_they_were_sent() -> None:
+
+def test_hints_come_back_as_they_were_sent_with_their_sender() -> None:
     hints = [Hint(uuid4(), "w", 7), Hint(uuid4(), "we", 12), Hint(uuid4(), "e", 1)]
 
-    assert hints_of(payload_of(hints)) == hints
+    assert notice_of(payload_of(ORIGIN, hints)) == Notice(ORIGIN, hints)
 
 
 def test_a_notification_with_no_news_tells_that_there_is_none() -> None:
-    assert payload_of([]) == "1"
-    assert hints_of("1") == []
+    assert payload_of(ORIGIN, []) == f"1 {ORIGIN}"
+    assert notice_of(f"1 {ORIGIN}") == Notice(ORIGIN, [])
 
 
 @pytest.mark.parametrize(
     "payload",
     [
         "",  # an older writer's NOTIFY, or too many hints for one payload
-        "2 deadbeef:w:1",  # a format this version does not know
-        "1 not-a-session:w:1",
-        "1 " + "7" * 32 + ":w:seven",
-        "1 " + "7" * 32 + ":w",
+        "1",  # no sender
+        "1 " + "7" * 32 + ":w:1",  # a hint where the sender belongs
+        f"2 {ORIGIN} " + "7" * 32 + ":w:1",  # a format this version does not know
+        f"1 {ORIGIN} not-a-session:w:1",
+        f"1 {ORIGIN} " + "7" * 32 + ":w:seven",
+        f"1 {ORIGIN} " + "7" * 32 + ":w",
     ],
 )
 def test_a_payload_that_tells_nothing_certain_is_read_as_no_hints(payload: str) -> None:
-    assert hints_of(payload) is None  # the listener reads the log to know
+    assert notice_of(payload) is None  # the listener reads the log to know
 
 
 def test_more_hints_than_one_payload_holds_send_none() -> None:
     many = [Hint(uuid4(), "we", 1_000_000) for _ in range(MAX_PAYLOAD // 40)]
 
-    payload = payload_of(many)
+    payload = payload_of(ORIGIN, many)
 
-    assert payload == "" and hints_of(payload) is None
-    assert len(payload_of(many[:100]).encode()) < 8000  # what PostgreSQL accepts
+    assert payload == "" and notice_of(payload) is None
+    assert len(payload_of(ORIGIN, many[:100]).encode()) < 8000  # what PostgreSQL accepts
 
 
 def test_work_and_turn_ends_are_marked_and_a_turn_s_middle_steps_are_not() -> None:
