@@ -75,11 +75,9 @@ def test_a_wake_up_by_this_process_s_own_writes_waits_for_more_and_another_s_doe
     poll(lambda: follower.listening, 10, "the follower to listen")
 
     gathered, hinted = follower.gathered, follower.hinted
-    runtime.sessions.submit_turn(  # its NOTIFY names our notifier, and the work in it
-        runtime.sessions.create_session(title="ours").session_id, "hello"
-    )
+    runtime.sessions.create_session(title="ours")  # its NOTIFY names our notifier
     poll(lambda: follower.gathered > gathered, scaled(10), "a wake-up by our write to wait")
-    assert follower.hinted == hinted  # our own: its hints were told by the save itself
+    assert follower.hinted == hinted  # our own: the save told this process already
 
     notified, gathered = follower.notifications, follower.gathered
     with psycopg.connect(runtime.db.conninfo, autocommit=True) as other:  # another process's
