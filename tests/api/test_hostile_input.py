@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.api.conftest import APPEND, FAST, live_server
+from tests.api.conftest import APPEND, CATCHING_UP, live_server
 from tests.conftest import ROOT, raw_events, turnlog
 from tests.fault.cluster import poll
 from turnlog.application.database import Database
@@ -50,7 +50,7 @@ SQL_TEXT = [
 
 @pytest.fixture
 def url(settings: Settings, runtime: Runtime) -> Iterator[str]:
-    app = create_app(settings, role="all", options=FAST, worker_concurrency=2)
+    app = create_app(settings, role="all", options=CATCHING_UP, worker_concurrency=2)
     with live_server(app) as base:
         yield base
 
