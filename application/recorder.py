@@ -12,10 +12,17 @@ takes neither:
   by (transaction id, position) and read only below the commit horizon, so
   no reader can pass an event that commits later (``application.logorder``,
   docs/log-order.md);
-- the notification goes out *after* the commit, from a thread of its own
-  that coalesces a burst of saves into one ``NOTIFY`` on the namespace's own
-  channel; a save of a turn's middle steps only (``Sessions.STEP_TOPICS``)
-  waits up to ``DEFER`` for the next one. Its payload names the sessions
+- the notification goes out *after* the commit, as a transaction of its own
+  (``NOTIFY`` in the insert's transaction would hold every writer's commit
+  behind a database-wide lock). A save someone waits on (a submitted turn, a
+  turn's end) sends it in the save's own round trip: ``BEGIN``, the insert,
+  ``COMMIT`` and ``pg_notify`` go out together in one pipeline, so a
+  listener hears of the commit as soon as the writer does, with every news
+  held back until then (``Notifier.take_now``). Otherwise, and while the
+  notifier's thread is sending one, the thread sends it, coalescing a burst
+  of saves into one ``NOTIFY``; a save of a turn's middle steps only
+  (``Sessions.STEP_TOPICS``) waits up to ``DEFER`` there for the next one.
+  Notifications go on the namespace's own channel. Their payload names the sessions
   whose saves since the last one hold news somebody waits for (a turn to
   take, a turn's end: ``Hint``), so a listener can act on them before it
   reads the log. A notification lost (the process died between the commit
@@ -44,7 +51,7 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
-from psycopg import InterfaceError, OperationalError
+from psycopg import Connection, Cursor, InterfaceError, OperationalError
 from psycopg.sql import SQL
 
 from turnlog.application import chain, logorder
@@ -59,6 +66,8 @@ DEFER = 0.02
 PAYLOAD_FORMAT = "1"
 ORIGIN_LENGTH = 16  # hex digits of a notifier's origin, drawn at random per process
 MAX_PAYLOAD = 7900  # PostgreSQL refuses a payload of 8,000 bytes or more
+_BEGIN = rendered(SQL("BEGIN"))
+_COMMIT = rendered(SQL("COMMIT"))
 
 
 class Hint(NamedTuple):
@@ -71,6 +80,13 @@ class Hint(NamedTuple):
     session_id: UUID
     marks: str
     version: int
+
+
+class Taken(NamedTuple):
+    """A notification taken by a save to send itself, after its commit (``Notifier.take_now``)."""
+
+    payload: str
+    pending: dict[UUID, Hint]  # news of earlier saves it carries: given back if the save fails
 
 
 class Notice(NamedTuple):
@@ -131,11 +147,13 @@ def log_channel(recorder: object) -> str:
 
 
 class Notifier:
-    """Sends ``NOTIFY channel`` after commits, from one thread; a burst coalesces into one.
+    """Sends ``NOTIFY channel`` after commits; a burst coalesces into one.
 
     A save is notified at once, unless every event it holds has a topic of
     ``deferrable``: then within ``DEFER`` seconds, or with the next save
-    notified at once, whichever comes first. One notification covers every
+    notified at once, whichever comes first. At once means in the save's own
+    round trip (``take_now``), or from this notifier's thread while that is
+    sending one (the thread also sends the deferred ones). One notification covers every
     commit before it, so the steps of a turn in between its submission and its
     end cost no notification of their own while turns keep ending. Its payload
     holds a ``Hint`` for each session whose saves since the last notification
@@ -145,7 +163,7 @@ class Notifier:
     def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
         self._datastore = datastore
         self._channel = channel
-        self._statement = rendered(SQL("SELECT pg_notify(%s, %s)"))
+        self.statement = rendered(SQL("SELECT pg_notify(%s, %s)"))  # (channel, payload)
         self.deferrable: frozenset[str] = frozenset()
         self.marks: dict[str, str] = {}
         self._hints: dict[UUID, Hint] = {}  # for the next notification
@@ -157,6 +175,7 @@ class Notifier:
         self._due: float | None = None  # when the next notification is due (monotonic)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._sending = False  # the thread is sending one: a save leaves its news to it
         self.sent = 0
 
     def notify(
@@ -172,23 +191,11 @@ class Notifier:
         sessions and versions: the notification's hints.
         """
         now = time.monotonic()
-        due = now + self.defer if topics and all(t in self.deferrable for t in topics) else now
-        marked = [
-            (sid, mark, version)
-            for sid, version, topic in zip(ids, versions, topics, strict=False)
-            if (mark := self.marks.get(topic))
-        ]
+        due = now + self.defer if self._deferrable(topics) else now
         with self._cond:
             if self._closed:
                 return
-            for sid, mark, version in marked:
-                session_id = sid if isinstance(sid, UUID) else UUID(sid)
-                known = self._hints.get(session_id)
-                if known is None:
-                    self._hints[session_id] = Hint(session_id, mark, version)
-                else:
-                    marks = known.marks + "".join(m for m in mark if m not in known.marks)
-                    self._hints[session_id] = Hint(session_id, marks, max(version, known.version))
+            _merge(self._hints, self._marked(topics, ids, versions))
             if self._due is None or due < self._due:
                 self._due = due
                 self._cond.notify()
@@ -197,6 +204,48 @@ class Notifier:
                     target=self._run, name="turnlog-notify", daemon=True
                 )
                 self._thread.start()
+
+    def take_now(
+        self, topics: Sequence[str], ids: Sequence[UUID | str], versions: Sequence[int]
+    ) -> Taken | None:
+        """The notification a save of ``topics`` sends itself, right after its commit.
+
+        Taken when the save is to be notified at once and this notifier's
+        thread is not sending one: it holds the save's hints and every hint
+        pending, and nothing stays due. None: the saver calls ``notify``
+        after its commit. A save that fails gives it back (``give_back``).
+        """
+        if self._deferrable(topics):
+            return None
+        marked = self._marked(topics, ids, versions)
+        with self._cond:
+            if self._closed or self._sending:
+                return None
+            pending, self._hints = self._hints, {}
+            self._due = None
+        hints = dict(pending)
+        _merge(hints, marked)
+        return Taken(payload_of(self.origin, list(hints.values())), pending)
+
+    def give_back(self, taken: Taken) -> None:
+        """A save that took a notification failed: its pending news goes out at once."""
+        with self._cond:
+            _merge(
+                self._hints, [(h.session_id, h.marks, h.version) for h in taken.pending.values()]
+            )
+        self.notify()
+
+    def _deferrable(self, topics: Sequence[str]) -> bool:
+        return bool(topics) and all(t in self.deferrable for t in topics)
+
+    def _marked(
+        self, topics: Sequence[str], ids: Sequence[UUID | str], versions: Sequence[int]
+    ) -> list[tuple[UUID | str, str, int]]:
+        return [
+            (sid, mark, version)
+            for sid, version, topic in zip(ids, versions, topics, strict=False)
+            if (mark := self.marks.get(topic))
+        ]
 
     @property
     def due_in(self) -> float | None:
@@ -213,13 +262,17 @@ class Notifier:
                     return
                 self._due = None
                 hints, self._hints = self._hints, {}
-            self._send(hints)
+                self._sending = True
+            try:
+                self._send(hints)
+            finally:
+                self._sending = False
 
     def _send(self, hints: dict[UUID, Hint]) -> None:
         payload = payload_of(self.origin, list(hints.values()))
         try:
             with self._datastore.get_connection() as conn:
-                conn.execute(self._statement, (self._channel, payload))
+                conn.execute(self.statement, (self._channel, payload))
             self.sent += 1
         except Exception as exc:  # a lost notification costs latency only: readers poll
             log.debug("notification not sent (%s); readers will poll", exc)
@@ -238,6 +291,18 @@ class Notifier:
             thread.join(timeout)
 
 
+def _merge(hints: dict[UUID, Hint], marked: Sequence[tuple[UUID | str, str, int]]) -> None:
+    """Add news (session, marks, version) to ``hints``: one hint per session."""
+    for sid, mark, version in marked:
+        session_id = sid if isinstance(sid, UUID) else UUID(sid)
+        known = hints.get(session_id)
+        if known is None:
+            hints[session_id] = Hint(session_id, mark, version)
+        else:
+            marks = known.marks + "".join(m for m in mark if m not in known.marks)
+            hints[session_id] = Hint(session_id, marks, max(version, known.version))
+
+
 class TurnlogRecorder(PostgresApplicationRecorder):
     """Inserts a save's events in one statement, with their transaction id; notifies after."""
 
@@ -253,6 +318,7 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
         self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
         self.notifier = Notifier(self.datastore, self.channel_name)
+        self._notify = self.notifier.statement
         # The factory flushes it when the application closes (application/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
@@ -273,15 +339,39 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         # Autocommit: the one statement is its own transaction. Notified after
         # it ended, also when it failed (and then at once): a failed insert held
         # the horizon back while it ran, and readers waiting behind it should look again.
+        taken = self.notifier.take_now(params[2], params[0], params[1])
         stored = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
-                curs.execute(self._insert, params, prepare=True)
+                if taken is None:
+                    curs.execute(self._insert, params, prepare=True)
+                else:
+                    self._insert_notifying(conn, curs, params, taken.payload)
                 rows = curs.fetchall()
             stored = True
         finally:
             if stored:
-                self.notifier.notify(params[2], params[0], params[1])
+                if taken is None:
+                    self.notifier.notify(params[2], params[0], params[1])
+                else:
+                    self.notifier.sent += 1
+            elif taken is not None:
+                self.notifier.give_back(taken)
             else:
                 self.notifier.notify()
         return [int(next(iter(row.values()))) for row in rows]
+
+    def _insert_notifying(
+        self, conn: Connection[Any], curs: Cursor[Any], params: tuple[Any, ...], payload: str
+    ) -> None:
+        """The insert in a transaction of its own, then its NOTIFY in another: one round trip.
+
+        Refused (a version taken: a concurrent writer won) or lost, the
+        pipeline skips the COMMIT and the NOTIFY, and the pool's connection
+        context rolls the failed transaction back.
+        """
+        with conn.pipeline():
+            conn.execute(_BEGIN, prepare=True)
+            curs.execute(self._insert, params, prepare=True)
+            conn.execute(_COMMIT, prepare=True)
+            conn.execute(self._notify, (self.channel_name, payload), prepare=True)

@@ -17,9 +17,9 @@ waits for it (``Connection.wait`` on an operation that touches the socket: a
 statement, a commit, a COPY …; a commit with no transaction open is none), counted
 for every connection of the process (pools, leases, the notifier). Commits
 are counted where they happen: saves (one autocommit insert each: a durable
-commit), notifications (a ``NOTIFY`` after commits: no disk flush, and
-coalesced), and other transactions opened by the code (``conn.transaction``
-blocks that commit).
+commit), notifications (a ``NOTIFY`` after commits: no disk flush; sent in
+the save's own round trip or coalesced on the notifier's thread), and other
+transactions opened by the code (``conn.transaction`` blocks that commit).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def install() -> None:
     wait = psycopg.Connection.wait
     insert = TurnlogRecorder.insert_events
     send = Notifier._send
+    take_now = Notifier.take_now
     exit_ = psycopg.Transaction.__exit__
 
     def counted_wait(self: Any, gen: Any, *args: Any, **kwargs: Any) -> Any:
@@ -74,6 +75,12 @@ def install() -> None:
         _count("notifications (NOTIFY commits, no flush)")
         send(self, *args)
 
+    def counted_take_now(self: Any, *args: Any) -> Any:
+        taken = take_now(self, *args)
+        if taken is not None:  # sent in the save's own round trip
+            _count("notifications (NOTIFY commits, no flush)")
+        return taken
+
     def counted_exit(self: Any, exc_type: Any, *args: Any) -> Any:
         if exc_type is None and not getattr(self, "force_rollback", False):
             _count("other committed transactions")
@@ -82,6 +89,7 @@ def install() -> None:
     psycopg.Connection.wait = counted_wait  # type: ignore[method-assign]
     TurnlogRecorder.insert_events = counted_insert  # type: ignore[method-assign]
     Notifier._send = counted_send  # type: ignore[method-assign]
+    Notifier.take_now = counted_take_now  # type: ignore[method-assign]
     psycopg.Transaction.__exit__ = counted_exit  # type: ignore[method-assign]
 
 
