@@ -48,6 +48,10 @@ class Watcher:
         self._cond = threading.Condition()
         self._watches: set[CancelWatch] = set()
         self._thread: threading.Thread | None = None
+        # When the thread wakes by itself next (None: only when told); a watch
+        # added that is due no sooner does not wake it (a wake per tool call
+        # cost a thread switch on the running worker's core).
+        self._wakes_at: float | None = None
 
     def add(self, watch: CancelWatch) -> None:
         with self._cond:
@@ -57,7 +61,8 @@ class Watcher:
                     target=self._run, name="turnlog-cancel-watch", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._wakes_at is None or watch.next_look < self._wakes_at:
+                self._cond.notify()
 
     def remove(self, watch: CancelWatch) -> None:
         with self._cond:
@@ -73,8 +78,9 @@ class Watcher:
                 now = time.monotonic()
                 due = [w for w in self._watches if w.next_look <= now]
                 if not due:
-                    soonest = min((w.next_look for w in self._watches), default=None)
-                    self._cond.wait(None if soonest is None else soonest - now)
+                    self._wakes_at = min((w.next_look for w in self._watches), default=None)
+                    self._cond.wait(None if self._wakes_at is None else self._wakes_at - now)
+                    self._wakes_at = None
                     continue
             for watch in due:  # outside the lock: a look is a database read
                 watch.look()
