@@ -230,9 +230,7 @@ class Notifier:
     def give_back(self, taken: Taken) -> None:
         """A save that took a notification failed: its pending news goes out at once."""
         with self._cond:
-            _merge(
-                self._hints, [(h.session_id, h.marks, h.version) for h in taken.pending.values()]
-            )
+            _merge(self._hints, list(taken.pending.values()))
         self.notify()
 
     def _deferrable(self, topics: Sequence[str]) -> bool:
@@ -292,7 +290,7 @@ class Notifier:
 
 
 def _merge(hints: dict[UUID, Hint], marked: Sequence[tuple[UUID | str, str, int]]) -> None:
-    """Add news (session, marks, version) to ``hints``: one hint per session."""
+    """Add news (session, marks, version: a ``Hint`` too) to ``hints``: one hint per session."""
     for sid, mark, version in marked:
         session_id = sid if isinstance(sid, UUID) else UUID(sid)
         known = hints.get(session_id)
@@ -318,7 +316,6 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
         self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
         self.notifier = Notifier(self.datastore, self.channel_name)
-        self._notify = self.notifier.statement
         # The factory flushes it when the application closes (application/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
@@ -336,9 +333,10 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
         )
-        # Autocommit: the one statement is its own transaction. Notified after
-        # it ended, also when it failed (and then at once): a failed insert held
-        # the horizon back while it ran, and readers waiting behind it should look again.
+        # The insert is its own transaction (one autocommit statement, or BEGIN …
+        # COMMIT ahead of its NOTIFY in one pipeline). Notified after it ended, also
+        # when it failed (and then at once): a failed insert held the horizon back
+        # while it ran, and readers waiting behind it should look again.
         taken = self.notifier.take_now(params[2], params[0], params[1])
         stored = False
         try:
@@ -374,4 +372,4 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             conn.execute(_BEGIN, prepare=True)
             curs.execute(self._insert, params, prepare=True)
             conn.execute(_COMMIT, prepare=True)
-            conn.execute(self._notify, (self.channel_name, payload), prepare=True)
+            conn.execute(self.notifier.statement, (self.channel_name, payload), prepare=True)
