@@ -1,7 +1,7 @@
 """Figures 6 and 8: a real `turnlog serve` subprocess driven over HTTP.
 
-Figure 6: submit a turn with ``?wait`` from 16 concurrent clients (httpx),
-latency and turns/s, against the same turns through the application API in
+Figure 6: submit a turn with ``?wait`` from 16 concurrent clients
+(``http.client``), latency and turns/s, against the same turns through the application API in
 one process (16 threads calling ``Runtime.send``, which takes the session's
 lease and runs the turn, as the serve worker does). Figure 8: the serve
 process's peak RSS after 10,000 turns against after 100.
@@ -9,10 +9,13 @@ process's peak RSS after 10,000 turns against after 100.
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import httpx
@@ -67,23 +70,38 @@ class Serve:
 
 
 class HttpClient:
-    """One client: its own connection and session; each turn is one submit with ``?wait``."""
+    """One client: a kept-alive connection and a session; a turn is one submit with ``?wait``.
+
+    The standard library's ``http.client``, not httpx: the clients share the
+    server's two cores, and httpx spent 1.6 ms of CPU per turn there against
+    0.6 ms (interleaved runs at 16 clients), CPU the in-process baseline never
+    pays. The requests and the checks of the answers are the same.
+    """
 
     def __init__(self, url: str) -> None:
-        self.http = httpx.Client(base_url=url, timeout=120)
-        response = self.http.post("/v1/sessions", json={"title": "bench", "tools": ["echo"]})
-        response.raise_for_status()
-        self.session_id = response.json()["session_id"]
+        parts = urlsplit(url)
+        self.http = http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1", parts.port, timeout=120
+        )
+        status, body = self._post("/v1/sessions", {"title": "bench", "tools": ["echo"]})
+        if status != 201:
+            raise RuntimeError(f"session not created: {status} {body}")
+        self.session_id = body["session_id"]
+
+    def _post(self, path: str, payload: dict[str, object]) -> tuple[int, dict[str, object]]:
+        data = json.dumps(payload).encode()
+        self.http.request("POST", path, data, {"content-type": "application/json"})
+        response = self.http.getresponse()
+        return response.status, json.loads(response.read())
 
     def turn(self, message: str = TOOL_MESSAGE) -> float:
         started = time.perf_counter()
-        response = self.http.post(
-            f"/v1/sessions/{self.session_id}/turns", params={"wait": 60}, json={"message": message}
+        status, body = self._post(
+            f"/v1/sessions/{self.session_id}/turns?wait=60", {"message": message}
         )
         elapsed = time.perf_counter() - started
-        body = response.json()
-        if response.status_code != 200 or body.get("state") != "completed":
-            raise RuntimeError(f"turn not completed: {response.status_code} {body}")
+        if status != 200 or body.get("state") != "completed":
+            raise RuntimeError(f"turn not completed: {status} {body}")
         return elapsed
 
     def close(self) -> None:
@@ -120,6 +138,20 @@ def drive(turn_fns: list[Callable[[], float]], turns: int) -> tuple[list[float],
     return [x for xs in latencies for x in xs], wall
 
 
+WARM_UP_TURNS = 2  # per client, all clients at once: see ``warm_up``
+
+
+def warm_up(turn_fns: list[Callable[[], float]]) -> None:
+    """Unmeasured turns from every client at once, as the measured ones will run.
+
+    One turn per client, one after another, would leave the connection pools
+    at one or two connections; the timed run would then open the rest (some
+    35 in ``serve --split``'s three processes, each a new server process
+    and its cold caches) inside the measurement. Both sides warm up alike.
+    """
+    drive(turn_fns, WARM_UP_TURNS)
+
+
 def http_run(
     settings: Settings, clients: int, turns: int, *shape: str
 ) -> tuple[list[float], float]:
@@ -127,8 +159,7 @@ def http_run(
     serve = Serve(settings, "--concurrency", str(clients), *shape)
     try:
         pool = [HttpClient(serve.url) for _ in range(clients)]
-        for c in pool:
-            c.turn()  # warm-up: connection, session cache, worker
+        warm_up([c.turn for c in pool])  # connections, pools, session cache, worker
         result = drive([c.turn for c in pool], turns)
         for c in pool:
             c.close()
@@ -154,8 +185,7 @@ def inprocess_run(settings: Settings, clients: int, turns: int) -> tuple[list[fl
             return turn
 
         fns = [turn_of(s) for s in ids]
-        for fn in fns:
-            fn()  # warm-up
+        warm_up(fns)
         return drive(fns, turns)
     finally:
         runtime.close()
@@ -164,6 +194,9 @@ def inprocess_run(settings: Settings, clients: int, turns: int) -> tuple[list[fl
 # ------------------------------------------------------------------ figure 6
 
 
+# Rounds of figure 6 at least: a round's runs take seconds, and this shared machine's
+# speed moves by a third within minutes (the split shape's CPU per turn 12-20 ms).
+ROUNDS = 5
 SPLIT = ("--split",)  # the shape figure 6 measures: API here, worker and read models in children
 
 
@@ -183,15 +216,19 @@ def figure_6(db: Database, cfg: Config) -> Figure:
     p99: dict[str, list[float]] = {kind: [] for kind in runs}
     rate: dict[str, list[float]] = {kind: [] for kind in runs}
     solo: dict[str, list[float]] = {"http": [], "app": []}
+    rounds = max(cfg.repeat, ROUNDS)
     with scratch_namespace(db) as settings:
-        for _ in range(cfg.repeat):
-            for kind, run in runs.items():
+        for round_ in range(rounds):
+            # Every other round in the opposite order: a drift of the machine's
+            # speed during the figure weighs on each kind alike.
+            order = list(runs.items()) if round_ % 2 == 0 else list(runs.items())[::-1]
+            for kind, run in order:
                 latencies, wall = run(settings, CLIENTS, turns)
                 ms = [x * 1000 for x in latencies]
                 p50[kind].append(percentile(ms, 50))
                 p99[kind].append(percentile(ms, 99))
                 rate[kind].append(len(latencies) / wall)
-        for _ in range(cfg.repeat):
+        for _ in range(rounds):
             for kind in solo:
                 latencies, _ = runs[kind](settings, 1, solo_turns)
                 solo[kind].append(percentile([x * 1000 for x in latencies], 50))
@@ -249,8 +286,11 @@ def figure_6(db: Database, cfg: Config) -> Figure:
         how=(
             f"HTTP: a fresh `turnlog serve --role all --split --concurrency {CLIENTS}`"
             " subprocess per run (the API in it; the worker and the read models in its two"
-            f" child processes); {CLIENTS} client threads (one `httpx.Client` and one session"
-            f" each), one warm-up turn each, then {turns} turns each, all started together:"
+            f" child processes); {CLIENTS} client threads (one kept-alive `http.client`"
+            f" connection and one session each), {WARM_UP_TURNS} unmeasured turns each with"
+            " all clients at once (the connection pools reach their working size before the"
+            f" clock starts; the baseline warms up the same way), then {turns} turns"
+            " each, all started together:"
             " `POST /v1/sessions/{id}/turns?wait=60` with the figure-1 message, timed until"
             " the 200 with the completed turn. Baseline: the same turns through the"
             f" application API in one process: {CLIENTS} threads sharing one runtime, each"
@@ -258,10 +298,21 @@ def figure_6(db: Database, cfg: Config) -> Figure:
             " its own session; it keeps no read models. turns/s = all turns / wall time. Row"
             f" 6d: the same with one client, sequential ({solo_turns} turns), the uncontended"
             " cost of the HTTP path. Row 6e: the HTTP run without `--split`, every role in one"
-            " process, which runs one thread of Python at a time. Runs alternate. The clients"
-            " run in the benchmark process on the same two cores."
+            " process, which runs one thread of Python at a time. Runs alternate,"
+            f" {rounds} rounds, every other round in the opposite order. The clients"
+            " run in the benchmark process on the same two cores (about 0.6 ms of CPU per"
+            " turn)."
         ),
-        details={"turns_per_client": turns, "solo_turns": solo_turns},
+        details={
+            "turns_per_client": turns,
+            "solo_turns": solo_turns,
+            "rounds": rounds,
+            # Each round's http and app runs are minutes apart at most: their ratio
+            # shows how far the machine's drift moves the figure.
+            "turns_per_s_ratio_by_round": [
+                round(h / a, 3) for h, a in zip(rate["http"], rate["app"], strict=True)
+            ],
+        },
     )
 
 
