@@ -78,11 +78,15 @@ class HttpClient:
     pays. The requests and the checks of the answers are the same.
     """
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, session_id: str | None = None) -> None:
+        """Creates a session unless given one (``session_id``)."""
         parts = urlsplit(url)
         self.http = http.client.HTTPConnection(
             parts.hostname or "127.0.0.1", parts.port, timeout=120
         )
+        if session_id is not None:
+            self.session_id = session_id
+            return
         status, body = self._post("/v1/sessions", {"title": "bench", "tools": ["echo"]})
         if status != 201:
             raise RuntimeError(f"session not created: {status} {body}")

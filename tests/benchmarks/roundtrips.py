@@ -6,9 +6,21 @@
 The first drives turns through the application API in this process; the
 second runs the HTTP app with every role (API, worker, projection runners) in
 this process on a loopback port and submits each turn with ``?wait``, so the
-counts include the read models' writes and the server's reads. Both also
-report the server's own count of committed transactions (``xact_commit`` of
-``pg_stat_database``; exact only when nothing else uses the database).
+counts include the read models' writes and the server's reads. ``--json``
+prints one object (figure 12 of ``make bench`` reads it).
+
+Each is measured as a cycle: build the runtime (or start the server), run
+the turns, close every connection; the same cycle without turns is measured
+too and taken off, so start-up and shutdown do not count, while what runs
+in the background during the turns (polls, heartbeats) does. The server's
+side, exact only when nothing else uses the server:
+
+- transactions given an id (``pg_current_snapshot``'s xmax before and after):
+  every transaction that wrote, and every NOTIFY's. Less the NOTIFYs counted
+  in the client, these are the durable commits (a NOTIFY flushes nothing);
+- committed transactions, reads included (``xact_commit`` of
+  ``pg_stat_database``, read once every backend of the cycle has exited and
+  reported).
 
 Round trips are counted as psycopg waits on the socket: in pipeline mode (the
 read models' batches) each send counts too, so there the count is an upper
@@ -25,15 +37,21 @@ transactions opened by the code (``conn.transaction`` blocks that commit).
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from tests.benchmarks import bench_turns
-from tests.benchmarks.suite import bench_database, scratch_namespace
+from tests.benchmarks.bench_throughput import Config
+from tests.benchmarks.suite import ROOT, Figure, Row, Stat, bench_database, scratch_namespace
 from turnlog.application.recorder import Notifier, TurnlogRecorder
 
 counts: Counter[str] = Counter()
@@ -93,140 +111,280 @@ def install() -> None:
     psycopg.Transaction.__exit__ = counted_exit  # type: ignore[method-assign]
 
 
-def server_commits(db: Any) -> int:
-    """The server's count of committed transactions in this database (this query's too)."""
-    with psycopg.connect(db.conninfo, autocommit=True) as conn:
-        conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        ).fetchone()
-    return int(row[0]) if row else 0
+@dataclass
+class Cycle:
+    """What one cycle (build, maybe run turns, close everything) cost."""
+
+    counted: Counter[str]  # in this process's client code (see ``install``)
+    xids: int  # transaction ids the server gave out: every write, every NOTIFY
+    commits: int  # the server's count of committed transactions, read ones too
+    cpu_ms: float  # this process's CPU
+
+    def per_turn(self, empty: Cycle, turns: int) -> dict[str, float]:
+        """This cycle less ``empty`` (the same cycle without turns), per turn."""
+        keys = set(self.counted) | set(empty.counted)
+        out = {k: (self.counted[k] - empty.counted[k]) / turns for k in sorted(keys)}
+        notifications = out.get(NOTIFICATIONS, 0.0)
+        out[SERVER_WRITES] = (self.xids - empty.xids) / turns
+        # A NOTIFY's transaction takes an id but writes nothing to flush.
+        out[DURABLE] = out[SERVER_WRITES] - notifications
+        out[SERVER_COMMITS] = (self.commits - empty.commits) / turns
+        out[CPU] = (self.cpu_ms - empty.cpu_ms) / turns
+        return out
 
 
-def in_process(turns: int) -> tuple[Counter[str], str]:
+NOTIFICATIONS = "notifications (NOTIFY commits, no flush)"
+SERVER_WRITES = "server: transactions given an id (writes and NOTIFYs)"
+DURABLE = "durable commits (server's writes less the NOTIFYs)"
+SERVER_COMMITS = "server: committed transactions (reads too)"
+CPU = "process CPU, ms"
+
+
+OWN = 2  # transactions of one read of server_counts: its connection's start, its statement
+
+
+def server_counts(db: Any) -> tuple[int, int]:
+    """(transaction ids given out, committed transactions) of the server, once settled.
+
+    Ids are exact at once. A backend reports its committed transactions at
+    most once a second and when it exits: called after every connection of
+    the cycle closed, this reads until two reads agree: apart by a read's own
+    two transactions (its connection's start and its statement), counted
+    alike in every cycle.
+    """
+    deadline = time.monotonic() + 30
+    last: int | None = None
+    while True:
+        with psycopg.connect(db.conninfo, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_stat_clear_snapshot(),"
+                " pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
+                " (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())"
+            ).fetchone()
+        assert row is not None
+        xids, commits = int(row[1]), int(row[2])
+        if (last is not None and commits - last <= OWN) or time.monotonic() > deadline:
+            return xids, commits
+        last = commits
+        time.sleep(0.5)  # statistics arrive when backends exit: nothing to wait on but time
+
+
+def cycle(db: Any, run: Callable[[], None]) -> Cycle:
+    before, (xids, commits) = Counter(counts), server_counts(db)
+    cpu = time.process_time()
+    run()
+    cpu_ms = (time.process_time() - cpu) * 1000
+    after_xids, after_commits = server_counts(db)
+    return Cycle(Counter(counts) - before, after_xids - xids, after_commits - commits, cpu_ms)
+
+
+def in_process(turns: int) -> tuple[dict[str, float], str]:
     from turnlog.interface.bootstrap import build_runtime
 
     db = bench_database()
     with scratch_namespace(db, "rt") as settings:
-        rt = build_runtime(bench_turns.bench_settings(db, settings.namespace))
+        settings = bench_turns.bench_settings(db, settings.namespace)
+        rt = build_runtime(settings)
         try:
             session_id = rt.sessions.create_session(tools=["echo"]).session_id
-            bench_turns.run_turn(rt, session_id)  # warm-up
-            before, xacts = Counter(counts), server_commits(db)
-            cpu = time.process_time()
-            for _ in range(turns):
-                bench_turns.run_turn(rt, session_id)
-            after_cpu = round((time.process_time() - cpu) * 1000)
-            rt.sessions.recorder.notifier.close()  # type: ignore[attr-defined]
-            after = Counter(counts)
-            after["server: committed transactions"] = server_commits(db) - xacts - 1
-            after["process CPU, ms"] = after_cpu
+            bench_turns.run_turn(rt, session_id)  # warm-up: the namespace is ready
         finally:
             rt.close()
-    return after - before, "figure 1's path"
+
+        def run(n: int) -> Callable[[], None]:
+            def go() -> None:
+                runtime = build_runtime(settings)
+                try:
+                    for _ in range(n):
+                        bench_turns.run_turn(runtime, session_id)
+                finally:
+                    runtime.close()
+
+            return go
+
+        empty = cycle(db, run(0))
+        full = cycle(db, run(turns))
+    return full.per_turn(empty, turns), "figure 1's path"
 
 
-def over_http(turns: int, clients: int) -> tuple[Counter[str], str]:
-    import httpx
+def over_http(turns: int, clients: int) -> tuple[dict[str, float], str]:
     import uvicorn
 
+    from tests.benchmarks.bench_http import HttpClient
     from tests.deadlines import poll
     from turnlog.interface.http import create_app
 
     db = bench_database()
-    with scratch_namespace(db, "rth") as settings:
-        app = create_app(
-            bench_turns.bench_settings(db, settings.namespace),
-            role="all",
-            worker_concurrency=max(4, clients),
-        )
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        try:
-            poll(lambda: server.started, 60, "the server")
-            port = server.servers[0].sockets[0].getsockname()[1]
-            process = app.state.turnlog.process
-            url = f"http://127.0.0.1:{port}"
-            own: Counter[str] = Counter()  # the measurement's own statements, left out
+    with scratch_namespace(db, "rth") as namespace:
+        settings = bench_turns.bench_settings(db, namespace.namespace)
+        sessions: list[str] = []
+        own: Counter[str] = Counter()  # the measurement's own statements, left out
 
-            # One session per client, made before the counting starts: what is
-            # counted is turns (as in-process, where the session exists already).
-            sessions: list[str] = []
-            with httpx.Client(base_url=url, timeout=120) as http:
-                for _ in range(clients):
-                    made = http.post("/v1/sessions", json={"tools": ["echo"]}).json()
-                    sessions.append(made["session_id"])
+        def serve(total: int) -> None:
+            """A server with every role in this process; ``total`` turns; stopped."""
+            app = create_app(settings, role="all", worker_concurrency=max(4, clients))
+            server = uvicorn.Server(
+                uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on")
+            )
+            thread = threading.Thread(target=server.run, daemon=True)
+            thread.start()
+            try:
+                poll(lambda: server.started, 60, "the server")
+                port = server.servers[0].sockets[0].getsockname()[1]
+                process = app.state.turnlog.process
+                url = f"http://127.0.0.1:{port}"
+                if not sessions:  # one per client, made (and warmed) in the first cycle
+                    sessions.extend(HttpClient(url).session_id for _ in range(clients))
 
-            def client(sid: str, count: int) -> None:
-                with httpx.Client(base_url=url, timeout=120) as http:
-                    for _ in range(count):
-                        answer = http.post(
-                            f"/v1/sessions/{sid}/turns",
-                            params={"wait": 60},
-                            json={"message": bench_turns.TOOL_MESSAGE},
-                        )
-                        body = answer.json()
-                        assert answer.status_code == 200, body
-                        assert body["state"] == "completed", body
+                def client(sid: str, count: int) -> None:
+                    http = HttpClient(url, session_id=sid)
+                    try:
+                        for _ in range(count):
+                            http.turn(bench_turns.TOOL_MESSAGE)
+                    finally:
+                        http.close()
 
-            def settle() -> None:
-                # The worker let go, and every runner is at the log's head (read
-                # here once, and left out).
-                poll(lambda: process.worker.held == 0, 30, "the worker to let go")
-                mark = Counter(counts)
-                head = process.read_models.events.head()
-                own.update(Counter(counts) - mark)
-                own["server: committed transactions"] += 1
-                poll(
-                    lambda: all(r["position"] >= head for r in process.supervisor.runners()),
-                    30,
-                    "the read models",
-                )
+                def settle() -> None:
+                    # The worker let go, and every runner is at the log's head (read
+                    # here once, and left out).
+                    poll(lambda: process.worker.held == 0, 30, "the worker to let go")
+                    mark = Counter(counts)
+                    head = process.read_models.events.head()
+                    own.update(Counter(counts) - mark)
+                    own[SERVER_COMMITS] += 1
+                    poll(
+                        lambda: all(r["position"] >= head for r in process.supervisor.runners()),
+                        30,
+                        "the read models",
+                    )
 
-            def run(total: int) -> None:
-                shares = [total // clients + (i < total % clients) for i in range(clients)]
                 if clients == 1:
                     for _ in range(total):  # one at a time, each turn settled
                         client(sessions[0], 1)
                         settle()
-                    return
-                threads = [
-                    threading.Thread(target=client, args=(sid, n))
-                    for sid, n in zip(sessions, shares, strict=True)
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                settle()
+                elif total:
+                    shares = [total // clients + (i < total % clients) for i in range(clients)]
+                    threads = [
+                        threading.Thread(target=client, args=(sid, n))
+                        for sid, n in zip(sessions, shares, strict=True)
+                    ]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    settle()
+            finally:
+                server.should_exit = True
+                thread.join(60)
 
-            run(clients)  # warm-up
-            before, xacts = Counter(counts), server_commits(db)
-            own.clear()
-            cpu = time.process_time()
-            run(turns)
-            after = Counter(counts)
-            after["process CPU, ms (server and client threads)"] = round(
-                (time.process_time() - cpu) * 1000
-            )
-            after["server: committed transactions"] = server_commits(db) - xacts - 1
-            after.subtract(own)
-        finally:
-            server.should_exit = True
-            thread.join(30)
+        serve(clients)  # warm-up: the namespace, the sessions, one turn each
+        empty = cycle(db, lambda: serve(0))
+        own.clear()
+        full = cycle(db, lambda: serve(turns))
+        result = full.per_turn(empty, turns)
+        for key, value in own.items():
+            result[key] = result.get(key, 0.0) - value / turns
+        result[DURABLE] = result[SERVER_WRITES] - result.get(NOTIFICATIONS, 0.0)
     each = "each settled" if clients == 1 else f"from {clients} clients at once"
-    return after - before, f"a turn through serve --role all (?wait; {each})"
+    return result, f"a turn through serve --role all (?wait; {each})"
 
 
-def main(http: bool, turns: int, clients: int = 1) -> None:
+# ------------------------------------------------------------------ figure 12
+
+
+def measured(*args: str) -> dict[str, float]:
+    """One count in a process of its own (``install`` patches psycopg for the whole process)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.benchmarks.roundtrips", "--json", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"roundtrips {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    per_turn: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])["per_turn"]
+    return per_turn
+
+
+def figure_12(db: Any, cfg: Config) -> Figure:
+    solo, many, clients = cfg.pick(60, 10), cfg.pick(320, 32), 16
+    app = measured(str(solo))
+    one = measured("--http", str(solo))
+    crowd = measured("--http", str(many), "--clients", str(clients))
+
+    def stat(counts: dict[str, float], key: str, unit: str) -> Stat:
+        return Stat([round(counts[key], 2)], unit)
+
+    rows = [
+        Row(
+            "12a",
+            "durable commits per turn through HTTP, 1 client (saves + read models)",
+            stat(one, DURABLE, "commits"),
+            stat(app, DURABLE, "commits"),
+            one[DURABLE] / app[DURABLE],
+            "≤ 8 commits",
+            one[DURABLE] <= 8,
+        ),
+        Row(
+            "12b",
+            f"durable commits per turn through HTTP, {clients} clients",
+            stat(crowd, DURABLE, "commits"),
+            stat(app, DURABLE, "commits"),
+            crowd[DURABLE] / app[DURABLE],
+            "≤ 8 commits",
+            crowd[DURABLE] <= 8,
+        ),
+        Row(
+            "12c",
+            "committed transactions per turn through HTTP, 1 client (the server's count)",
+            stat(one, SERVER_COMMITS, "transactions"),
+            stat(app, SERVER_COMMITS, "transactions"),
+            one[SERVER_COMMITS] / app[SERVER_COMMITS],
+            "report",
+            None,
+        ),
+        Row(
+            "12d",
+            f"committed transactions per turn through HTTP, {clients} clients",
+            stat(crowd, SERVER_COMMITS, "transactions"),
+            stat(app, SERVER_COMMITS, "transactions"),
+            crowd[SERVER_COMMITS] / app[SERVER_COMMITS],
+            "report",
+            None,
+        ),
+    ]
+    return Figure(
+        12,
+        "commits and transactions per turn through HTTP",
+        rows,
+        how=(
+            "Counts, not timings, each in a process of its own"
+            " (`python -m tests.benchmarks.roundtrips`). HTTP: every role (API, worker,"
+            " read models) in one process, as `serve --role all`; turns submitted with"
+            f" `?wait` by 1 client ({solo} turns, each settled: the worker let go and the read"
+            f" models at the log's head before the next) and by {clients} clients at once"
+            f" ({many} turns). Baseline: {solo} turns of figure 1's path (the application"
+            " API in one process, no read models). Each count is a cycle less the same cycle"
+            " without turns (start-up and shutdown left out; polls and heartbeats during the"
+            " turns kept). Durable commits: the transactions the server gave an id"
+            " (`pg_current_snapshot`'s xmax before and after) less the NOTIFYs, which take"
+            " an id but flush nothing. Committed transactions: the server's `xact_commit`,"
+            " reads included, read once every backend of the cycle exited."
+        ),
+        details={"per_turn": {"app": app, "http_1_client": one, f"http_{clients}_clients": crowd}},
+    )
+
+
+def main(http: bool, turns: int, clients: int = 1, as_json: bool = False) -> None:
     install()
-    counted, path = over_http(turns, clients) if http else in_process(turns)
+    per_turn, path = over_http(turns, clients) if http else in_process(turns)
+    if as_json:
+        print(json.dumps({"path": path, "turns": turns, "per_turn": per_turn}))
+        return
     print(f"per turn, over {turns} turns of {path}:")
-    for key in sorted(counted):
-        print(f"  {key}: {counted[key] / turns:.2f}")
+    for key in sorted(per_turn):
+        print(f"  {key}: {per_turn[key]:.2f}")
 
 
 if __name__ == "__main__":
@@ -234,5 +392,6 @@ if __name__ == "__main__":
     parser.add_argument("turns", type=int, nargs="?", default=50)
     parser.add_argument("--http", action="store_true", help="through serve --role all")
     parser.add_argument("--clients", type=int, default=1, help="HTTP clients at once")
+    parser.add_argument("--json", action="store_true", help="one JSON object (for make bench)")
     args = parser.parse_args()
-    main(args.http, args.turns, args.clients)
+    main(args.http, args.turns, args.clients, args.json)

@@ -31,6 +31,7 @@ from tests.benchmarks import (  # noqa: E402
     bench_long_sessions,
     bench_throughput,
     bench_waits,
+    roundtrips,
 )
 from tests.benchmarks.bench_throughput import Config  # noqa: E402
 from tests.benchmarks.suite import (  # noqa: E402
@@ -59,6 +60,7 @@ FIGURES: dict[int, tuple[str, FigureFn]] = {
     9: ("stored bytes per turn", bench_long_sessions.figure_9),
     10: ("GET /v1/sessions/{id}, long vs short", bench_long_sessions.figure_10),
     11: ("a writer among 600 waiters", bench_waits.figure_11),
+    12: ("commits and transactions per HTTP turn", roundtrips.figure_12),
 }
 
 
