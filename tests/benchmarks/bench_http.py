@@ -1,8 +1,8 @@
 """Figures 6 and 8: a real `turnlog serve` subprocess driven over HTTP.
 
 Figure 6: submit a turn with ``?wait`` from 16 concurrent clients
-(``http.client``), latency and turns/s, against the same turns through the application API in
-one process (16 threads calling ``Runtime.send``, which takes the session's
+(``http.client``), latency and turns/s, against the same turns through the
+application API in one process (16 threads calling ``Runtime.send``, which takes the session's
 lease and runs the turn, as the serve worker does). Figure 8: the serve
 process's peak RSS after 10,000 turns against after 100.
 """
@@ -311,7 +311,7 @@ def figure_6(db: Database, cfg: Config) -> Figure:
             "turns_per_client": turns,
             "solo_turns": solo_turns,
             "rounds": rounds,
-            # Each round's http and app runs are minutes apart at most: their ratio
+            # Each round's http and app runs are seconds apart: their ratio
             # shows how far the machine's drift moves the figure.
             "turns_per_s_ratio_by_round": [
                 round(h / a, 3) for h, a in zip(rate["http"], rate["app"], strict=True)

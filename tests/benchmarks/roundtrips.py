@@ -120,15 +120,20 @@ class Cycle:
     commits: int  # the server's count of committed transactions, read ones too
     cpu_ms: float  # this process's CPU
 
-    def per_turn(self, empty: Cycle, turns: int) -> dict[str, float]:
-        """This cycle less ``empty`` (the same cycle without turns), per turn."""
+    def per_turn(
+        self, empty: Cycle, turns: int, left_out: Counter[str] | None = None
+    ) -> dict[str, float]:
+        """This cycle less ``empty`` (the same cycle without turns) and ``left_out``, per turn.
+
+        ``left_out``: what the measurement itself did during this cycle.
+        """
+        left_out = left_out or Counter()
         keys = set(self.counted) | set(empty.counted)
-        out = {k: (self.counted[k] - empty.counted[k]) / turns for k in sorted(keys)}
-        notifications = out.get(NOTIFICATIONS, 0.0)
+        out = {k: (self.counted[k] - empty.counted[k] - left_out[k]) / turns for k in sorted(keys)}
         out[SERVER_WRITES] = (self.xids - empty.xids) / turns
         # A NOTIFY's transaction takes an id but writes nothing to flush.
-        out[DURABLE] = out[SERVER_WRITES] - notifications
-        out[SERVER_COMMITS] = (self.commits - empty.commits) / turns
+        out[DURABLE] = out[SERVER_WRITES] - out.get(NOTIFICATIONS, 0.0)
+        out[SERVER_COMMITS] = (self.commits - empty.commits - left_out[SERVER_COMMITS]) / turns
         out[CPU] = (self.cpu_ms - empty.cpu_ms) / turns
         return out
 
@@ -163,7 +168,12 @@ def server_counts(db: Any) -> tuple[int, int]:
             ).fetchone()
         assert row is not None
         xids, commits = int(row[1]), int(row[2])
-        if (last is not None and commits - last <= OWN) or time.monotonic() > deadline:
+        if last is not None and commits - last <= OWN:
+            return xids, commits
+        if time.monotonic() > deadline:
+            print(
+                f"server_counts: not settled after 30 s (+{commits - (last or 0)})", file=sys.stderr
+            )
             return xids, commits
         last = commits
         time.sleep(0.5)  # statistics arrive when backends exit: nothing to wait on but time
@@ -264,14 +274,24 @@ def over_http(turns: int, clients: int) -> tuple[dict[str, float], str]:
                         settle()
                 elif total:
                     shares = [total // clients + (i < total % clients) for i in range(clients)]
+                    errors: list[BaseException] = []
+
+                    def share(sid: str, count: int) -> None:
+                        try:
+                            client(sid, count)
+                        except BaseException as exc:  # a turn not completed: no count
+                            errors.append(exc)
+
                     threads = [
-                        threading.Thread(target=client, args=(sid, n))
+                        threading.Thread(target=share, args=(sid, n))
                         for sid, n in zip(sessions, shares, strict=True)
                     ]
                     for t in threads:
                         t.start()
                     for t in threads:
                         t.join()
+                    if errors:
+                        raise errors[0]
                     settle()
             finally:
                 server.should_exit = True
@@ -281,10 +301,7 @@ def over_http(turns: int, clients: int) -> tuple[dict[str, float], str]:
         empty = cycle(db, lambda: serve(0))
         own.clear()
         full = cycle(db, lambda: serve(turns))
-        result = full.per_turn(empty, turns)
-        for key, value in own.items():
-            result[key] = result.get(key, 0.0) - value / turns
-        result[DURABLE] = result[SERVER_WRITES] - result.get(NOTIFICATIONS, 0.0)
+        result = full.per_turn(empty, turns, left_out=own)
     each = "each settled" if clients == 1 else f"from {clients} clients at once"
     return result, f"a turn through serve --role all (?wait; {each})"
 
