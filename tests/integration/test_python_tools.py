@@ -55,10 +55,16 @@ def hang(seconds: float) -> str:
 
 @turnlog.tool(effect="read_only", timeout=60)
 def slow_read(seconds: float, marker: str) -> str:
-    """Leave a mark, wait, then answer (a read_only call a test can kill mid-flight)."""
+    """Leave a mark, wait, then answer (a read_only call a test can kill mid-flight).
+
+    The wait ends early once MARKER.release exists: a test lets the re-run go at once.
+    """
     with open(marker, "a") as handle:
         handle.write("ran\\n")
-    time.sleep(seconds)
+    release = Path(marker + ".release")
+    until = time.monotonic() + seconds
+    while time.monotonic() < until and not release.exists():
+        time.sleep(0.05)
     return "read"
 
 
@@ -237,6 +243,8 @@ def test_a_read_only_python_tool_killed_mid_call_is_run_again(
 ) -> None:
     marker = tmp_path / "read.marks"
     session_id = _kill_mid_call(settings, database, modules, "slow_read", marker)
+    # The killed call is run again as it was asked (30 s): let that run answer at once.
+    Path(f"{marker}.release").touch()
     env = turnlog_env(settings, TURNLOG_TOOL_MODULES="sample_tools", PYTHONPATH=str(modules))
     fast = json.dumps({"seconds": 0, "marker": str(tmp_path / "other.marks")})
     done = subprocess.run(
