@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, cluster, poll
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
 
 pytestmark = pytest.mark.fault
 
-DELAY = 4  # seconds append_file waits before writing: the kill lands inside it
+DELAY = 4  # seconds append_file waits before writing (stretched): the kill lands inside it
 
 
 @pytest.fixture
@@ -36,7 +37,7 @@ def running(settings: Settings, database: Database) -> Iterator[Cluster]:
         yield c
 
 
-def append_call(delay: int = DELAY) -> str:
+def append_call(delay: int) -> str:
     return f'/tool append_file {{"path": "out.txt", "text": "written", "delay_seconds": {delay}}}'
 
 
@@ -48,7 +49,9 @@ def lines(settings: Settings, session_id: str) -> list[str]:
 def start_append(c: Cluster) -> tuple[str, str, int]:
     """A session whose append_file call has started; its id, turn id and lease backend."""
     session_id = c.new_session()
-    turn_id = c.submit(session_id, append_call()).json()["turn_id"]
+    # Stretched as the waits are, so that a slow but right retake still lands inside it.
+    delay = max(DELAY, round(scaled(DELAY)))
+    turn_id = c.submit(session_id, append_call(delay)).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 30, "the call started")
     backend = poll(lambda: c.lease_backend(session_id), 10, "the lease connection")
     return session_id, turn_id, backend

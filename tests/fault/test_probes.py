@@ -150,7 +150,9 @@ def test_killed_after_the_write_the_probe_answers_applied_with_the_result(
 ) -> None:
     session_id = new_session(settings)
     out = settings.sandbox_root / session_id / "out.txt"
-    proc = spawn(settings, "sessions", "send", session_id, APPEND.format(delay=1))
+    # Long enough for the lock below to be taken before the line lands, however busy the machine.
+    delay = max(3, round(deadlines.scaled(3)))
+    proc = spawn(settings, "sessions", "send", session_id, APPEND.format(delay=delay))
     try:
         wait_for(database, settings.namespace, "ToolCallStarted")
         # The line lands while its result cannot be recorded: the process dies

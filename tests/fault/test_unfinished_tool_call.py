@@ -156,7 +156,11 @@ def test_a_read_only_call_killed_mid_flight_is_run_again(
 
 def test_a_read_only_call_rerun_completes_the_turn(settings: Settings, database: Database) -> None:
     session_id = new_session(settings)
-    kill_mid_tool(settings, database, session_id, '/tool sleep {"seconds": 1}')
+    # Long enough that the kill lands while the call runs, however busy the machine.
+    seconds = max(3, round(scaled(3)))
+    kill_mid_tool(settings, database, session_id, f'/tool sleep {{"seconds": {seconds}}}')
+    stored = [r[3] for r in raw_events(database, settings.namespace)]
+    assert "turnlog.session.ToolCallSucceeded.v1" not in stored, "the call ended before the kill"
     done = turnlog(settings, "sessions", "send", session_id, "after")
     assert done.returncode == 0, done.stderr
     assert "re-run" in done.stderr
@@ -164,7 +168,7 @@ def test_a_read_only_call_rerun_completes_the_turn(settings: Settings, database:
     first = show(settings, session_id)["turns"][0]
     assert first["state"] == "completed"
     assert first["tool_calls"][0]["attempt"] == 2
-    assert first["reply"] == 'Tool sleep returned: {"slept": 1.0}'
+    assert first["reply"] == f'Tool sleep returned: {{"slept": {float(seconds)}}}'
 
 
 def test_unknown_session_and_bad_messages_are_refused_with_clear_errors(

@@ -152,10 +152,12 @@ def test_a_read_only_call_killed_mid_flight_is_run_again_by_another_worker(
     c = running
     first = c.worker("w1")
     session_id = c.new_session()
-    turn_id = c.submit(session_id, '/tool sleep {"seconds": 3}').json()["turn_id"]
+    seconds = max(3, round(scaled(3)))  # the kill lands mid-call, however busy the machine
+    turn_id = c.submit(session_id, f'/tool sleep {{"seconds": {seconds}}}').json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 20, "the call started")
     assert worker_pid(holder(c, session_id, turn_id)) == first.pid
     first.kill()
+    assert "ToolCallSucceeded" not in c.topics(session_id), "the call ended before the kill"
     c.worker("w2")
     turn = poll(
         lambda: (t := c.turn(session_id, turn_id))["state"] == "completed" and t, 30, "completion"
@@ -170,10 +172,12 @@ def test_a_fenced_out_worker_writes_nothing_and_runs_no_further_tool_call(
     c = running
     first = c.worker("w1")
     session_id = c.new_session()
-    turn_id = c.submit(session_id, '/tool sleep {"seconds": 2}').json()["turn_id"]
+    seconds = max(2, round(scaled(2)))  # stopped mid-call, however busy the machine
+    turn_id = c.submit(session_id, f'/tool sleep {{"seconds": {seconds}}}').json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 20, "the call started")
     stale_worker = holder(c, session_id, turn_id)
     first.signal(signal.SIGSTOP)
+    assert "ToolCallSucceeded" not in c.topics(session_id), "the call ended before the stop"
     try:
         backend = poll(lambda: c.lease_backend(session_id), 10, "the lease connection")
         c.terminate_backend(backend)
@@ -182,7 +186,7 @@ def test_a_fenced_out_worker_writes_nothing_and_runs_no_further_tool_call(
         before = c.topics(session_id)
     finally:
         first.signal(signal.SIGCONT)
-    # Give the resumed worker every chance to write: its sleep ends within 2 s.
+    # Give the resumed worker every chance to write: its sleep ends within `seconds`.
     poll(
         lambda: "stopped working on session" in first.output() or "lost" in first.output(),
         20,
