@@ -7,7 +7,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.api.conftest import FAST, new_session, problem, run_queued_turn
+from tests.api.conftest import FAST, eventually, new_session, problem, run_queued_turn
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.interface.http import create_app
@@ -75,7 +75,18 @@ def test_metrics_count_requests_by_route_and_turn_and_tool_call_outcomes(
     run_queued_turn(runtime, sid)
     api.get(f"/v1/sessions/{sid}/turns/nope")
 
-    text = api.get("/metrics").text
+    # The outcome counters count the log up to its commit horizon, which another
+    # client's open transaction may hold back for a moment: wait until both are in.
+    outcomes = (
+        'turnlog_turn_outcomes_total{outcome="completed"} 1.0',
+        'turnlog_tool_call_outcomes_total{outcome="succeeded"} 1.0',
+    )
+
+    def scraped() -> str | None:
+        text = api.get("/metrics").text
+        return text if all(line in text for line in outcomes) else None
+
+    text = eventually(scraped)
 
     assert (
         'turnlog_http_requests_total{method="POST",route="/v1/sessions",status="201"} 1.0' in text

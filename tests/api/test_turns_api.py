@@ -170,7 +170,17 @@ def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
         response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
         assert response.status_code == 200
         assert offered == [sid]  # at the submit's commit
-        page = read.events.read(Place.start(), 1000)
+        # Read once the commit horizon is past the submit (another client's open
+        # transaction may hold it back for a moment).
+        page = poll(
+            lambda: (
+                (p := read.events.read(Place.start(), 1000)).records
+                and any(n.topic == Session.TurnSubmitted.TOPIC for _, n in p.records)
+                and p
+            ),
+            20,
+            "the submit below the horizon",
+        )
         assert [n.topic for _, n in page.records].count(Session.TurnSubmitted.TOPIC) == 1
         worker._offer_page(page)  # the follower's page: the same submit again
     finally:

@@ -130,17 +130,19 @@ def assert_agrees_with_aggregates(runtime: Runtime, read: ReadModels, h: Scripte
             assert disagreements(model.name, session, rows) == [], (model.name, session.title)
 
 
-def test_a_live_runner_reflects_a_new_event_within_a_second(
+def test_a_live_runner_reflects_each_new_event(
     runtime: Runtime, supervisor: ProjectionSupervisor, read: ReadModels
 ) -> None:
-    assert read.wait_for(read.events.head(), timeout=scaled(5))  # the runners are active
+    # How soon is figure 7's question (make bench). The waits allow for another
+    # test's transaction holding the commit horizon back for seconds (test_log_order).
+    assert read.wait_for(read.events.head(), timeout=scaled(10))  # the runners are active
     written = runtime.sessions.create_session(title="fresh")
-    assert read.wait_for(written.position, timeout=scaled(1.0))
+    assert read.wait_for(written.position, timeout=scaled(10))
     [row], _ = read.list_sessions(limit=1)
     assert (row["session_id"], row["title"]) == (str(written.session_id), "fresh")
 
     submitted = runtime.sessions.submit_turn(written.session_id, "hello")
-    assert read.wait_for(submitted.position, timeout=scaled(1.0), names=["open_turns"])
+    assert read.wait_for(submitted.position, timeout=scaled(10), names=["open_turns"])
     [turn], _ = read.list_open_turns(state="queued")
     assert turn["turn_id"] == submitted.turn_id
 
@@ -152,7 +154,7 @@ def test_runners_catch_up_by_polling_when_no_notification_comes(
         runtime.settings, runtime.db, sessions=runtime.sessions, listen=False, poll_interval=0.2
     ):
         written = runtime.sessions.create_session(title="polled")
-        assert read.wait_for(written.position, timeout=scaled(2.0))
+        assert read.wait_for(written.position, timeout=scaled(10))
 
 
 def test_when_start_returns_every_read_model_is_led_or_stood_by(runtime: Runtime) -> None:
@@ -310,12 +312,18 @@ def test_rebuild_refuses_while_a_runner_holds_the_lock(runtime: Runtime, read: R
 
 
 def _one_batch(read: ReadModels) -> tuple[PostgresReadModelView, Fold]:
-    """The sessions view and a fold of every event it has not folded yet."""
+    """The sessions view and a fold of every event it has not folded yet (at least one).
+
+    Waits for one: an event is read once the log's commit horizon has passed
+    it, which another client's open transaction may delay for a moment.
+    """
     model = read_models("sessions")[0]
     view = model.postgres_view(read.events.datastore)
     expected = view.position(read.events.application_name)
-    page = read.events.read(expected, 100)
-    return view, Fold(view, model.projection(view), expected, read.events.decode(page.records))
+    records = poll(
+        lambda: read.events.read(expected, 100).records, 30, "an event below the horizon"
+    )
+    return view, Fold(view, model.projection(view), expected, read.events.decode(records))
 
 
 @contextmanager
