@@ -16,9 +16,10 @@ def test_metrics_show_the_turns_this_process_ran_its_pool_and_the_read_models(
     )
     assert turn.status_code == 200 and turn.json()["state"] == "completed", turn.text
 
-    text = full.get("/metrics").text
+    # The worker counts the turn just after the save that answered the wait.
+    ran = 'turnlog_executed_turns_total{outcome="completed"} 1.0'
+    text = eventually(lambda: ran in (t := full.get("/metrics").text) and t)
 
-    assert 'turnlog_executed_turns_total{outcome="completed"} 1.0' in text
     assert 'turnlog_executed_tool_calls_total{outcome="succeeded",tool="echo"} 1.0' in text
     assert (
         'turnlog_model_call_duration_seconds_count{outcome="replied",provider="fixture"} 2.0'

@@ -69,7 +69,16 @@ def test_worker_and_projection_runner_expose_their_metrics(
         10,
         "the worker's metrics",
     )
-    runner_metrics = poll(lambda: scrape(projections_port), 10, "the runner's metrics")
+    # The runner serves its metrics from its start, before it leads its read models.
+    runner_metrics = poll(
+        lambda: (
+            'turnlog_projection_runner_active{projection="open_turns"} 1.0'
+            in (m := scrape(projections_port))
+            and m
+        ),
+        30,
+        "the runner's metrics, open_turns led",
+    )
 
     assert (
         'turnlog_executed_tool_calls_total{outcome="succeeded",tool="echo"} 1.0' in worker_metrics

@@ -75,7 +75,7 @@ def test_a_runner_killed_mid_catch_up_resumes_to_exactly_the_uninterrupted_rows(
     processes.append(run_projections(settings))
     assert read.wait_for(head, timeout=scaled(30))
     processes[1].send_signal(signal.SIGTERM)
-    assert processes[1].wait(10) == 0
+    assert processes[1].wait(scaled(10)) == 0
     resumed = all_rows(read)
 
     rebuild(read.events, runtime.db, settings.namespace, read_models())  # an uninterrupted run
@@ -108,7 +108,7 @@ def test_a_standby_runner_takes_over_when_the_active_one_is_killed(
     active = wait_until(lambda: holder_pid(read, "sessions"), 10, "one runner to take the lock")
     assert active in pids
     first = runtime.sessions.create_session(title="before")
-    assert read.wait_for(first.position, timeout=scaled(5), names=["sessions"])
+    assert read.wait_for(first.position, timeout=scaled(10), names=["sessions"])
 
     [killed] = [p for p in processes if p.pid == active]
     killed.send_signal(signal.SIGKILL)
@@ -130,7 +130,7 @@ def test_a_terminated_listen_connection_does_not_stop_the_projection(
         settings, runtime.db, sessions=runtime.sessions, poll_interval=0.2
     ) as supervisor:
         first = runtime.sessions.create_session(title="before")
-        assert read.wait_for(first.position, timeout=scaled(5))
+        assert read.wait_for(first.position, timeout=scaled(10))
 
         with psycopg.connect(str(settings.database_url), autocommit=True) as conn:
             terminated = conn.execute(
@@ -148,5 +148,5 @@ def test_a_terminated_listen_connection_does_not_stop_the_projection(
 
         wait_until(led_again, 30, "every runner to lead again on a new connection")
         second = runtime.sessions.create_session(title="after")
-        assert read.wait_for(second.position, timeout=scaled(5))
+        assert read.wait_for(second.position, timeout=scaled(10))
     assert [row["title"] for row in read.list_sessions()[0]] == ["after", "before"]
