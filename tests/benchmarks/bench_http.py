@@ -22,7 +22,15 @@ import httpx
 
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.bench_turns import TOOL_MESSAGE
-from tests.benchmarks.suite import Figure, Row, Stat, fmt, percentile, scratch_namespace
+from tests.benchmarks.suite import (
+    Figure,
+    Row,
+    Stat,
+    fmt,
+    percentile,
+    run_together,
+    scratch_namespace,
+)
 from tests.fault.cluster import Process, free_port, poll
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
@@ -332,37 +340,27 @@ def rss_run(
     readings: dict[int, dict[str, int]] = {0: serve.memory_kib()}
     lock = threading.Lock()
     done = [0]
-    errors: list[BaseException] = []
 
     def client() -> None:
-        try:
-            http: HttpClient | None = None
-            while True:
-                with lock:
-                    if done[0] >= total:
-                        break
-                    done[0] += 1
-                    n = done[0]
-                if http is None or n % per_session == 0:
-                    if http is not None:
-                        http.close()
-                    http = HttpClient(serve.url)
-                http.turn()
-                if n in checkpoints:
-                    readings[n] = serve.memory_kib()
-            if http is not None:
-                http.close()
-        except BaseException as exc:
-            errors.append(exc)
+        http: HttpClient | None = None
+        while True:
+            with lock:
+                if done[0] >= total:
+                    break
+                done[0] += 1
+                n = done[0]
+            if http is None or n % per_session == 0:
+                if http is not None:
+                    http.close()
+                http = HttpClient(serve.url)
+            http.turn()
+            if n in checkpoints:
+                readings[n] = serve.memory_kib()
+        if http is not None:
+            http.close()
 
     try:
-        threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        run_together([client] * CLIENTS)
         readings[total] = serve.memory_kib()
         return readings
     finally:

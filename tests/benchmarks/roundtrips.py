@@ -37,6 +37,7 @@ transactions opened by the code (``conn.transaction`` blocks that commit).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -51,7 +52,15 @@ import psycopg
 
 from tests.benchmarks import bench_turns
 from tests.benchmarks.bench_throughput import Config
-from tests.benchmarks.suite import ROOT, Figure, Row, Stat, bench_database, scratch_namespace
+from tests.benchmarks.suite import (
+    ROOT,
+    Figure,
+    Row,
+    Stat,
+    bench_database,
+    run_together,
+    scratch_namespace,
+)
 from turnlog.application.recorder import Notifier, TurnlogRecorder
 
 counts: Counter[str] = Counter()
@@ -274,24 +283,13 @@ def over_http(turns: int, clients: int) -> tuple[dict[str, float], str]:
                         settle()
                 elif total:
                     shares = [total // clients + (i < total % clients) for i in range(clients)]
-                    errors: list[BaseException] = []
-
-                    def share(sid: str, count: int) -> None:
-                        try:
-                            client(sid, count)
-                        except BaseException as exc:  # a turn not completed: no count
-                            errors.append(exc)
-
-                    threads = [
-                        threading.Thread(target=share, args=(sid, n))
-                        for sid, n in zip(sessions, shares, strict=True)
-                    ]
-                    for t in threads:
-                        t.start()
-                    for t in threads:
-                        t.join()
-                    if errors:
-                        raise errors[0]
+                    # A turn not completed fails the count (raised once every client ended).
+                    run_together(
+                        [
+                            functools.partial(client, sid, n)
+                            for sid, n in zip(sessions, shares, strict=True)
+                        ]
+                    )
                     settle()
             finally:
                 server.should_exit = True

@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -154,6 +155,28 @@ def interleave(
 
 
 # ----------------------------------------------------------------- database
+
+
+def run_together(targets: Sequence[Callable[[], None]]) -> None:
+    """Each target in a thread of its own, all started, all joined; then the first error raised.
+
+    A target that fails does not stop the others: every thread ends before this returns.
+    """
+    errors: list[BaseException] = []
+
+    def run(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(target,)) for target in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def bench_database() -> Database:
