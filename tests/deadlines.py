@@ -64,6 +64,16 @@ def scaled(seconds: float) -> float:
     return seconds * slowness()
 
 
+def fault_window(seconds: int) -> int:
+    """How long a tool call that a test kills, stops or cancels mid-flight should last.
+
+    ``seconds`` stretched like a wait, in whole seconds (tools take integers): on
+    a busy machine the gap between the call's start and the fault grows too, and
+    the fault must still land inside the call.
+    """
+    return max(seconds, round(scaled(seconds)))
+
+
 def measure() -> tuple[float, str]:
     """Start a Python process that imports turnlog: wall time over CPU time.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.deadlines import scaled
+from tests.deadlines import fault_window
 from tests.fault.cluster import Cluster, cluster, poll
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
@@ -50,8 +50,7 @@ def start_append(c: Cluster) -> tuple[str, str, int]:
     """A session whose append_file call has started; its id, turn id and lease backend."""
     session_id = c.new_session()
     # Stretched as the waits are, so that a slow but right retake still lands inside it.
-    delay = max(DELAY, round(scaled(DELAY)))
-    turn_id = c.submit(session_id, append_call(delay)).json()["turn_id"]
+    turn_id = c.submit(session_id, append_call(fault_window(DELAY))).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 30, "the call started")
     backend = poll(lambda: c.lease_backend(session_id), 10, "the lease connection")
     return session_id, turn_id, backend

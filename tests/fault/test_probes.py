@@ -150,8 +150,7 @@ def test_killed_after_the_write_the_probe_answers_applied_with_the_result(
 ) -> None:
     session_id = new_session(settings)
     out = settings.sandbox_root / session_id / "out.txt"
-    # Long enough for the lock below to be taken before the line lands, however busy the machine.
-    delay = max(3, round(deadlines.scaled(3)))
+    delay = deadlines.fault_window(3)  # the lock below is taken before the line lands
     proc = spawn(settings, "sessions", "send", session_id, APPEND.format(delay=delay))
     try:
         wait_for(database, settings.namespace, "ToolCallStarted")

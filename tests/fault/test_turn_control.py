@@ -18,7 +18,7 @@ from uuid import UUID
 
 import pytest
 
-from tests.deadlines import scaled
+from tests.deadlines import fault_window, scaled
 from tests.fault.cluster import Cluster, cluster, poll
 from tests.fault.test_tool_processes import group_members, recorded_processes
 from turnlog.application.database import Database
@@ -117,7 +117,7 @@ def test_cancelling_during_a_side_effecting_write_lets_it_finish_once_then_stops
     c = running
     c.worker("w1", **c.env)  # type: ignore[attr-defined]
     sid = new_session(c, tools=["append_file"])
-    delay = max(3, round(scaled(3)))  # the cancel lands mid-write, however busy the machine
+    delay = fault_window(3)  # the cancel lands mid-write
     tid = c.submit(sid, append_call(delay=delay)).json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(sid), 30, "the call started")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deadlines import scaled
+from tests.deadlines import fault_window, scaled
 from tests.fault.cluster import Cluster, cluster, poll, worker_pid
 from turnlog.application.database import Database
 from turnlog.application.settings import Settings
@@ -152,7 +152,7 @@ def test_a_read_only_call_killed_mid_flight_is_run_again_by_another_worker(
     c = running
     first = c.worker("w1")
     session_id = c.new_session()
-    seconds = max(3, round(scaled(3)))  # the kill lands mid-call, however busy the machine
+    seconds = fault_window(3)  # the kill lands mid-call
     turn_id = c.submit(session_id, f'/tool sleep {{"seconds": {seconds}}}').json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 20, "the call started")
     assert worker_pid(holder(c, session_id, turn_id)) == first.pid
@@ -172,7 +172,7 @@ def test_a_fenced_out_worker_writes_nothing_and_runs_no_further_tool_call(
     c = running
     first = c.worker("w1")
     session_id = c.new_session()
-    seconds = max(2, round(scaled(2)))  # stopped mid-call, however busy the machine
+    seconds = fault_window(2)  # stopped mid-call
     turn_id = c.submit(session_id, f'/tool sleep {{"seconds": {seconds}}}').json()["turn_id"]
     poll(lambda: "ToolCallStarted" in c.topics(session_id), 20, "the call started")
     stale_worker = holder(c, session_id, turn_id)
