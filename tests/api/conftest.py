@@ -103,6 +103,22 @@ def eventually(check: Callable[[], Any], deadline: float = 20.0, every: float = 
     return deadlines.poll(check, deadline, f"{check}", every)
 
 
+def caught_up(ask: Callable[[], Any], deadline: float = 60.0) -> Any:
+    """``ask()``'s answer once it is not 503 ``read_model_lagging``, asked again until then.
+
+    A read model still catching up (restarted, or held back by another client's
+    open transaction) answers a ``min_position`` read that way: a right answer,
+    not yet the one the test is after. Any other answer is returned at once.
+    """
+
+    def answer() -> Any:
+        response = ask()
+        lagging = response.status_code == 503 and "read_model_lagging" in response.text
+        return None if lagging else response
+
+    return eventually(answer, deadline)
+
+
 @contextmanager
 def live_server(app: FastAPI) -> Iterator[str]:
     """Run ``app`` under uvicorn on a free loopback port in a thread; yield its base URL."""

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import eventually
+from tests.api.conftest import caught_up, eventually
 from tests.conftest import ROOT, turnlog, turnlog_env
 from tests.deadlines import scaled
 from tests.fault.cluster import free_port
@@ -87,15 +87,9 @@ def test_a_replacement_server_finds_the_session_and_recalls_the_codeword(
         assert code in ((-signal.SIGKILL,) if stop is signal.SIGKILL else (0, -signal.SIGTERM))
 
     with server(settings, log) as (_, url):
-        # The new process's runners catch up first: until then the list may answer
-        # 503 read_model_lagging (each ask waits up to serve's 5 s), a right answer.
-        def caught_up() -> httpx.Response | None:
-            url_at = f"{url}/v1/sessions?min_position={stored['position']}"
-            response = httpx.get(url_at, timeout=10)
-            lagging = response.status_code == 503 and "read_model_lagging" in response.text
-            return None if lagging else response
-
-        answer = eventually(caught_up, deadline=60)
+        # The new process's runners catch up first (each ask waits up to serve's 5 s).
+        at = f"{url}/v1/sessions?min_position={stored['position']}"
+        answer = caught_up(lambda: httpx.get(at, timeout=10))
         assert answer.status_code == 200, answer.text
         listed = answer.json()
         assert session_id in [row["session_id"] for row in listed["items"]]
