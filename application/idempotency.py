@@ -20,8 +20,8 @@ from uuid import UUID, uuid5
 from eventsourcing.persistence import IntegrityError
 
 from turnlog.application.errors import SessionNotFound
-from turnlog.application.history import History
 from turnlog.application.sessions import Sessions, Written
+from turnlog.application.store.history import History
 from turnlog.domain.errors import IdempotencyKeyReused
 
 METADATA_KEY = "turnlog.idempotency"

@@ -13,17 +13,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
-from turnlog.application.cancel_watch import utc_now
-from turnlog.application.database import Database
 from turnlog.application.errors import InvalidToolArguments, LeaseLost
-from turnlog.application.execution import Executor
-from turnlog.application.leases import LEASES_KEPT, Lease, Leases
+from turnlog.application.execution.cancel_watch import utc_now
+from turnlog.application.execution.leases import LEASES_KEPT, Lease, Leases
+from turnlog.application.execution.loop import Executor
+from turnlog.application.execution.settling import settle_by_probe
 from turnlog.application.observer import cancel_kind
-from turnlog.application.probes import prober_of
 from turnlog.application.sessions import CONTENDED_ATTEMPTS, Sessions, Submitted, Written
 from turnlog.application.settings import Settings
-from turnlog.application.settling import settle_by_probe
-from turnlog.application.tools import ToolError, check_arguments
+from turnlog.application.store.database import Database
+from turnlog.application.tools.port import ToolError, check_arguments
+from turnlog.application.tools.probes import prober_of
 from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
 from turnlog.domain.turns import CallState, Turn, TurnState

@@ -19,7 +19,7 @@ Recovery's rules (DESIGN §5), decided from the stored events alone:
 - running, a side_effecting call in flight → interrupt: its outcome is
   unknown, and nothing runs until an operator acts — unless its tool
   declares a probe (and probes are on): then probe first, and interrupt only
-  if the probe cannot tell (application/settling.py).
+  if the probe cannot tell (application/execution/settling.py).
 """
 
 from __future__ import annotations

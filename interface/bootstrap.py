@@ -19,24 +19,24 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from turnlog.application import database
-from turnlog.application.command_tools import add_declared_tools, read_tools_file, shell_tool
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.execution import Executor
-from turnlog.application.follower import LogFollower
-from turnlog.application.leases import LEASES_KEPT
+from turnlog.application.execution.leases import LEASES_KEPT
+from turnlog.application.execution.loop import Executor
+from turnlog.application.execution.worker import OpenTurnRef, Worker
 from turnlog.application.log_context import bound
-from turnlog.application.mcp_tools import add_mcp_tools
 from turnlog.application.observer import Observer
-from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
-from turnlog.application.processes import unsupported_reason
-from turnlog.application.providers import FixtureProvider, ProviderRegistry
-from turnlog.application.python_tools import load_modules, module_names
+from turnlog.application.providers.openai_compatible import OpenAIConfig, OpenAIProvider
+from turnlog.application.providers.port import FixtureProvider, ProviderRegistry
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings, split_names
-from turnlog.application.tools import ToolRegistry, builtin_tools
-from turnlog.application.worker import OpenTurnRef, Worker
+from turnlog.application.store import database
+from turnlog.application.store.follower import LogFollower
+from turnlog.application.tools.command import add_declared_tools, read_tools_file, shell_tool
+from turnlog.application.tools.mcp_servers import add_mcp_tools
+from turnlog.application.tools.port import ToolRegistry, builtin_tools
+from turnlog.application.tools.processes import unsupported_reason
+from turnlog.application.tools.python import load_modules, module_names
 from turnlog.interface.roles import Role
 from turnlog.projections import ProjectionSupervisor, ReadModels
 

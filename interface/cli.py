@@ -22,7 +22,7 @@ from turnlog import __version__
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, split_names
-from turnlog.application.tools import default_tools
+from turnlog.application.tools.port import default_tools
 from turnlog.application.views import describe_request, describe_session_summary, describe_turn
 from turnlog.interface import cli_work
 from turnlog.interface.bootstrap import Process, build_process
@@ -533,7 +533,7 @@ def db_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Server, version, namespace, event count and last position."""
-    from turnlog.application.database import namespace_status
+    from turnlog.application.store.database import namespace_status
 
     status = run(ctx, lambda rt: namespace_status(rt.db, rt.settings.namespace))
     if as_json:
@@ -546,7 +546,7 @@ def db_status(
 @db_app.command("stop")
 def db_stop(ctx: typer.Context) -> None:
     """Stop the embedded PostgreSQL of the data directory (it otherwise keeps running)."""
-    from turnlog.application.database import stop_embedded
+    from turnlog.application.store.database import stop_embedded
 
     settings = ctx_of(ctx).settings()
     if settings.database_url:

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from turnlog.application.runtime import Runtime
-from turnlog.application.sandboxes import Action, Sandbox, Sandboxes
+from turnlog.application.tools.sandboxes import Action, Sandbox, Sandboxes
 from turnlog.interface.terminal import out, print_table, run
 
 sandboxes_app = typer.Typer(

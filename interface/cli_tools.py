@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from turnlog.application.tools import ToolSpec
+from turnlog.application.tools.port import ToolSpec
 from turnlog.interface.terminal import out, run
 
 tools_app = typer.Typer(help="The tools sessions can call.", no_args_is_help=True)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from turnlog.application.worker import check_open_turns
+from turnlog.application.execution.worker import check_open_turns
 from turnlog.interface.bootstrap import OpenTurnsSource, build_process, tune_collector
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
@@ -84,7 +84,7 @@ def check(
             wait,
         )
         verdicts = check_open_turns(runtime, OpenTurnsSource(read_models))
-    from turnlog.application.recovery import summarize
+    from turnlog.application.execution.recovery import summarize
 
     if as_json and not apply:
         document = {
@@ -123,7 +123,7 @@ def workers(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Registered workers, newest first: pid, host, heartbeat age, turns held, stopped."""
-    from turnlog.application.workers_registry import list_workers
+    from turnlog.application.store.workers_registry import list_workers
 
     root: Any = ctx.find_root().obj
     with refusals():

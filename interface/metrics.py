@@ -270,7 +270,7 @@ def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
     for row in rows:
         events.add_metric([str(row["name"])], float(row.get("lag_events") or 0))
         seconds.add_metric([str(row["name"])], float(row.get("lag_seconds") or 0))
-    # The commit horizon (application/logorder.py): readers of the log wait for
+    # The commit horizon (application/store/logorder.py): readers of the log wait for
     # the oldest transaction still running in the cluster; how long it has run
     # and its server pid (0 when none holds it back).
     horizon_age = GaugeMetricFamily(

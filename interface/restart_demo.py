@@ -341,7 +341,7 @@ class RestartDemo:
         from the moment the call has started until the server is dead, so the
         window is hit every time instead of by luck.
         """
-        from turnlog.application.database import locate
+        from turnlog.application.store.database import locate
 
         assert self.server is not None
         sid = self.session_id

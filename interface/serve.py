@@ -139,7 +139,7 @@ def _start_children(
 
     ``options``: serve's concurrency, drain timeout, children's metrics port and host.
     """
-    from turnlog.application.database import locate
+    from turnlog.application.store.database import locate
     from turnlog.interface.children import Children, child_env, role_commands
 
     with refusals():

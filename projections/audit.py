@@ -13,7 +13,7 @@ stream is whole and that everything derived from it agrees:
    to that read model's position, and, once it has caught up, agree with the
    replayed aggregate's own state;
 5. each event's stored hash is recomputed from its bytes and the previous
-   event's hash (``application.chain``); the first broken link is named.
+   event's hash (``application.store.chain``); the first broken link is named.
    Events stored before the chain are reported unchained (not compared)
    until ``turnlog audit --chain-existing`` has hashed them.
 
@@ -34,9 +34,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent, Tracking
 from psycopg import sql
 
-from turnlog.application import chain, logorder
 from turnlog.application.errors import SessionNotFound
-from turnlog.application.logorder import LogTracking, Place, place_of_tracking
+from turnlog.application.store import chain, logorder
+from turnlog.application.store.logorder import LogTracking, Place, place_of_tracking
 from turnlog.domain.session import Session, retaining
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog
@@ -102,7 +102,7 @@ def stream(events: EventLog, session_id: UUID) -> list[StoredRecord]:
 def log_page(events: EventLog, after: int = 0, limit: int = 100) -> list[StoredRecord]:
     """Up to ``limit`` events of the whole log after the event at position ``after``.
 
-    In the log's order and below the commit horizon (``application.logorder``):
+    In the log's order and below the commit horizon (``application.store.logorder``):
     pass the last record's position as ``after`` for the next page, and no
     event is skipped or repeated. ``after`` must be 0 or the position of an
     event of this log (``InvalidPosition`` otherwise).
@@ -219,7 +219,7 @@ def head(events: EventLog, session_id: UUID) -> tuple[int, bytes | None]:
 def chain_existing(
     events: EventLog, progress: Callable[[chain.Chained, int, int], None]
 ) -> list[chain.Chained]:
-    """Hash every unchained stream from its first event (``application.chain``)."""
+    """Hash every unchained stream from its first event (``application.store.chain``)."""
     return chain.chain_existing(
         events.datastore, events.schema, events.events_table, progress=progress
     )

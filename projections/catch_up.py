@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from turnlog.application.database import Database, connect
-from turnlog.application.logorder import Place
+from turnlog.application.store.database import Database, connect
+from turnlog.application.store.logorder import Place
 from turnlog.projections.catalog import ReadModel
 from turnlog.projections.log import EventLog
 from turnlog.projections.runner import projection_lock_key
@@ -61,7 +61,7 @@ def catch_up(
 ) -> CaughtUp:
     """Bring ``model`` to the log's current head: fold the events here, or wait for its runner."""
     view = model.postgres_view(events.datastore)
-    head = events.head_place()  # places: the log's order (application.logorder)
+    head = events.head_place()  # places: the log's order (application.store.logorder)
     before = view.position(events.application_name)
     if before >= head:
         return CaughtUp(model.name, head.position, before.position, before.position, 0, "", True)

@@ -1,7 +1,7 @@
 """The Sessions application's log, as the read models read it.
 
 Events are read in the log's order, (transaction id, position), and only
-below the commit horizon (``application.logorder``), so no reader passes an
+below the commit horizon (``application.store.logorder``), so no reader passes an
 event that commits later. They are read straight from the events table and decoded with
 the application's own mapper, so a read model sees exactly what the
 aggregate would. One ``EventLog`` (one connection pool) serves every read
@@ -17,10 +17,10 @@ from eventsourcing.persistence import Notification, Tracking
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from psycopg import sql
 
-from turnlog.application import database, logorder
-from turnlog.application.database import Database
-from turnlog.application.logorder import LogPage, LogTracking, Place
 from turnlog.application.sessions import Sessions
+from turnlog.application.store import database, logorder
+from turnlog.application.store.database import Database
+from turnlog.application.store.logorder import LogPage, LogTracking, Place
 from turnlog.projections.catalog import ReadModel
 
 

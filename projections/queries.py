@@ -17,11 +17,11 @@ from uuid import UUID
 
 from psycopg import sql
 
-from turnlog.application.database import Database
 from turnlog.application.errors import InvalidCursor, InvalidQuery
-from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
+from turnlog.application.store.logorder import Place
 from turnlog.projections import open_turns, sessions_view, tool_calls
 from turnlog.projections.catalog import READ_MODELS, read_models
 from turnlog.projections.log import EventLog, create_tables

@@ -26,9 +26,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnlog.application.database import Database, connect
 from turnlog.application.errors import ProjectionBusy
-from turnlog.application.logorder import Place, place_of_tracking
+from turnlog.application.store.database import Database, connect
+from turnlog.application.store.logorder import Place, place_of_tracking
 from turnlog.projections.catalog import ReadModel
 from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.rows import Key, Row, Table

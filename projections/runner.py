@@ -8,7 +8,7 @@ For each read model, the runner holds a dedicated connection of its own, and on 
   dying (the server drops the lock with the dead connection). A process may
   lead one read model and stand by for another;
 - nothing else: it does not listen for notifications itself. The process's
-  one follower (``application.follower``) reads each new page of the log
+  one follower (``application.store.follower``) reads each new page of the log
   once and hands it to the runner, which folds the pages that continue from
   where it is, and reads the log itself only to catch up (at start, or after
   falling behind). Every wait is bounded by ``poll_interval``, after which
@@ -17,7 +17,7 @@ For each read model, the runner holds a dedicated connection of its own, and on 
 
 The runner reads the log in its order, below the commit horizon, and keeps
 each read model's place as a (transaction id, position) pair
-(``application.logorder``). When committed events wait past the horizon (an
+(``application.store.logorder``). When committed events wait past the horizon (an
 older transaction still runs), it (or the follower) looks again every
 ``HELD_POLL`` seconds: the transaction holding them back may end without a
 notification (a client outside turnlog, a crashed writer).
@@ -51,12 +51,12 @@ from typing import Any
 import psycopg
 from eventsourcing.projection import Projection
 
-from turnlog.application.database import Database, connect, lock_key
 from turnlog.application.errors import DatabaseUnavailable
-from turnlog.application.follower import LogFollower
-from turnlog.application.logorder import LogPage, Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database, connect, lock_key
+from turnlog.application.store.follower import LogFollower
+from turnlog.application.store.logorder import LogPage, Place
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.view import (

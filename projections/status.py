@@ -9,9 +9,9 @@ from typing import Any
 from eventsourcing.persistence import Notification
 from psycopg import Connection, sql
 
-from turnlog.application import logorder
-from turnlog.application.database import advisory_lock_holder
-from turnlog.application.logorder import Place
+from turnlog.application.store import logorder
+from turnlog.application.store.database import advisory_lock_holder
+from turnlog.application.store.logorder import Place
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog
 from turnlog.projections.runner import projection_lock_key
@@ -33,7 +33,7 @@ def projection_status(
 
     ``position`` is the position of the last event the read model processed
     and ``head`` that of the last committed event, both in the log's order
-    (``application.logorder``). ``lag_seconds`` is the age of the oldest event
+    (``application.store.logorder``). ``lag_seconds`` is the age of the oldest event
     the read model has not processed yet (0.0 when it is caught up; None when
     that event cannot be decoded). ``running`` says whether some process's
     runner holds the read model's lock; ``holder`` names that runner

@@ -28,10 +28,10 @@ from eventsourcing.projection import Projection
 from psycopg import Connection, Cursor, sql
 from psycopg.rows import DictRow
 
-from turnlog.application import logorder
-from turnlog.application.database import rendered
 from turnlog.application.errors import ProjectionConflict
-from turnlog.application.logorder import Place, place_of_tracking
+from turnlog.application.store import logorder
+from turnlog.application.store.database import rendered
+from turnlog.application.store.logorder import Place, place_of_tracking
 from turnlog.projections.rows import Key, Row, Rows, Table, storable_key
 
 
@@ -76,7 +76,7 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
     after the projection, also decides the view's table.
 
     The tracking row holds a *place* in the log's order (``xact_id``,
-    ``notification_id``; see ``application.logorder``). A row written by
+    ``notification_id``; see ``application.store.logorder``). A row written by
     older code has no ``xact_id``: it stands for (0, position), which is
     exactly what it meant then (every event up to that position, all of them
     stored before transaction ids were recorded).
@@ -112,7 +112,7 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
     # upsert only moves forward, is not enough for batches of different
     # lengths.) It comes last, not first: a transaction takes a transaction
     # id at its first write, and while that id runs it holds the log's commit
-    # horizon for every reader of the log (application/logorder.py); claimed
+    # horizon for every reader of the log (application/store/logorder.py); claimed
     # first, a batch held it through its loads and all of its folding,
     # hundreds of milliseconds on a busy machine. Loading before the claim is
     # as safe: every write of a view commits with its place, so rows changed

@@ -33,9 +33,9 @@ import pytest
 from psycopg import sql
 
 from tests import deadlines
-from turnlog.application.database import Database, embedded_running, locate, stop_embedded
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, schema_name
+from turnlog.application.store.database import Database, embedded_running, locate, stop_embedded
 from turnlog.interface.bootstrap import build_runtime
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ _LAZY = {
     "NotATurnlogServer": "turnlog.interface.client",
     "ServerUnreachable": "turnlog.interface.client",
     "models": "turnlog.interface.client.models",
-    "tool": "turnlog.application.python_tools",
+    "tool": "turnlog.application.tools.python",
 }
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from turnlog.application.python_tools import tool
+    from turnlog.application.tools.python import tool
     from turnlog.interface.client import (
         ApiError,
         AsyncClient,

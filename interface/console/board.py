@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnlog.application.runtime import Runtime
-from turnlog.application.workers_registry import list_workers
+from turnlog.application.store.workers_registry import list_workers
 from turnlog.projections import ReadModels
 from turnlog.projections.activity import open_turn_summary, tool_call_activity
 

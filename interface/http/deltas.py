@@ -2,7 +2,7 @@
 
 A delta frame has no ``id``, so ``Last-Event-ID`` keeps naming the last
 stored event and resuming is unaffected; it is sent only to streams open
-while the reply streams in this process (``application.reply_deltas``) and
+while the reply streams in this process (``application.providers.reply_deltas``) and
 never replayed. Its data is one JSON object: ``session_id``, ``turn_id``,
 ``step``, ``offset`` (characters of the reply before this piece; 0 again
 means the reply started over) and ``text``.
@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator
 from uuid import UUID
 
-from turnlog.application.reply_deltas import DeltaHub, ReplyDelta
+from turnlog.application.providers.reply_deltas import DeltaHub, ReplyDelta
 
 # Frames read ahead for a slow reader. Stored events wait for room (the reader
 # of the log is held back); a delta that finds no room is dropped: the stored

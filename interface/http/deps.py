@@ -18,10 +18,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from turnlog.application.errors import DatabaseUnavailable, InvalidPosition
-from turnlog.application.history import History
-from turnlog.application.pool import fail_fast
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
+from turnlog.application.store.history import History
+from turnlog.application.store.pool import fail_fast
 from turnlog.interface.http.state import AppState
 from turnlog.interface.problems import InvalidRequest, NotReady, ReadModelLagging, Unauthorized
 from turnlog.projections import ReadModels
@@ -93,7 +93,7 @@ async def database_fails_fast() -> None:
     """A request is answered 503 at once when PostgreSQL is down, not after the pool's patience.
 
     Async, so that it runs in the request's own task: the setting holds for
-    the rest of the request, threads it starts included (see application/pool.py).
+    the rest of the request, threads it starts included (see application/store/pool.py).
     """
     fail_fast()
 

@@ -27,8 +27,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from turnlog.application.history import count_topics
-from turnlog.application.logorder import Place
+from turnlog.application.store.history import count_topics
+from turnlog.application.store.logorder import Place
 from turnlog.domain.session import Session
 from turnlog.interface.metrics import register_process_metrics
 

@@ -3,7 +3,7 @@
 The server may terminate a pooled connection while a read is in flight (a
 restart, a failover, an administrator's ``pg_terminate_backend``, an idle
 connection reaper). The pool lends no connection that already shows such an
-end (application/pool.py), but one that dies mid-query raises
+end (application/store/pool.py), but one that dies mid-query raises
 ``OperationalError``: a 503 to the client, although the server is up.
 
 A read (GET, HEAD) wrote nothing, so it is run once more before the client

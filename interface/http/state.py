@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from turnlog.application.history import History
+from turnlog.application.store.history import History
 from turnlog.interface.bootstrap import Process
 from turnlog.interface.http.metrics import Metrics
 from turnlog.interface.http.streams import StreamSlots

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from turnlog.application.history import History, RecordedEvent
+from turnlog.application.store.history import History, RecordedEvent
 from turnlog.interface.http.schemas import EventOut
 from turnlog.interface.http.waits import Slots, TurnWaits
 from turnlog.interface.problems import TooManyStreams

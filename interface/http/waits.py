@@ -2,7 +2,7 @@
 
 Waking each waiter on each commit made each rebuild its session: 600
 clients on ``?wait=60`` cut session creation from 13 to 0.9 per second. So
-the process's one log follower (``application.follower``), which reads each
+the process's one log follower (``application.store.follower``), which reads each
 new page of the log once, tells this object which sessions got events, and
 only their waiters (``?wait=`` and live event streams) wake to read again.
 A ``?wait`` on a turn wakes only for events that end a turn
@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from uuid import UUID
 
-from turnlog.application.follower import LogFollower, sessions_of
-from turnlog.application.logorder import LogPage
-from turnlog.application.recorder import Hint
 from turnlog.application.sessions import ENDING_MARK, ENDING_TOPICS, Sessions
+from turnlog.application.store.follower import LogFollower, sessions_of
+from turnlog.application.store.logorder import LogPage
+from turnlog.application.store.recorder import Hint
 from turnlog.interface.problems import TooManyWaits
 
 # How often a waiter woken by nothing looks whether the server is draining.

@@ -31,10 +31,10 @@ from tests.api.conftest import APPEND, CATCHING_UP, live_server
 from tests.conftest import ROOT, raw_events, turnlog
 from tests.deadlines import scaled
 from tests.fault.cluster import poll
-from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.domain.turns import Effect
 from turnlog.interface.http import create_app
 

@@ -25,8 +25,8 @@ from pydantic import SecretStr
 from tests.api.conftest import CATCHING_UP, FAST, live_server
 from tests.conftest import drop_namespace, raw_events
 from tests.fault.cluster import cluster
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.http import create_app
 
 TOKEN = "tok-" + uuid.uuid4().hex  # a fresh secret per run: any sighting is a leak

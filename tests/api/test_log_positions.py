@@ -18,10 +18,10 @@ from psycopg import sql
 from tests.api.conftest import new_session, problem
 from tests.conftest import turnlog
 from tests.deadlines import poll, scaled
-from turnlog.application.database import Database
 from turnlog.application.errors import InvalidPosition
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.projections.audit import log_page
 from turnlog.projections.log import EventLog
 

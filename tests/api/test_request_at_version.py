@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.conftest import problem
 from tests.conftest import raw_events, turnlog
-from turnlog.application.providers import FixtureProvider, ModelReply, ProviderRegistry
+from turnlog.application.providers.port import FixtureProvider, ModelReply, ProviderRegistry
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.views import describe_request

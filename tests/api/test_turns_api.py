@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
 from tests.deadlines import poll, scaled
-from turnlog.application.logorder import Place
-from turnlog.application.recorder import Hint
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import WORK_MARK
 from turnlog.application.settings import Settings
+from turnlog.application.store.logorder import Place
+from turnlog.application.store.recorder import Hint
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import build_runtime
 

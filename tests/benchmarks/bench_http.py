@@ -32,8 +32,8 @@ from tests.benchmarks.suite import (
     scratch_namespace,
 )
 from tests.fault.cluster import Process, free_port, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_runtime
 
 CLIENTS = 16

@@ -22,10 +22,10 @@ from psycopg import sql
 
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_namespace
-from turnlog.application import database
-from turnlog.application.database import Database
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.application.store import database
+from turnlog.application.store.database import Database
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import open_sessions

@@ -18,11 +18,11 @@ from tests.benchmarks import bench_serve_startup
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_namespace
 from tests.histories import bulk_history
-from turnlog.application import database
-from turnlog.application.database import Database
-from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.application.store import database
+from turnlog.application.store.database import Database
+from turnlog.application.store.logorder import Place
 from turnlog.interface.bootstrap import open_sessions
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog

@@ -32,10 +32,10 @@ from eventsourcing.projection import ProjectionRunner  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from tests.histories import bulk_history  # noqa: E402
-from turnlog.application import database  # noqa: E402
-from turnlog.application.logorder import Place  # noqa: E402
 from turnlog.application.sessions import Sessions  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store import database  # noqa: E402
+from turnlog.application.store.logorder import Place  # noqa: E402
 from turnlog.interface.bootstrap import open_sessions  # noqa: E402
 from turnlog.projections.catalog import ReadModel, read_models  # noqa: E402
 from turnlog.projections.log import EventLog  # noqa: E402

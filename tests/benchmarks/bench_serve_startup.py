@@ -33,8 +33,8 @@ import httpx  # noqa: E402
 
 from tests.conftest import drop_namespace, turnlog_env  # noqa: E402
 from tests.fault.cluster import free_port  # noqa: E402
-from turnlog.application import database  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store import database  # noqa: E402
 from turnlog.domain.session import Session  # noqa: E402
 from turnlog.interface.bootstrap import build_runtime  # noqa: E402
 from turnlog.projections import ProjectionSupervisor, ReadModels  # noqa: E402

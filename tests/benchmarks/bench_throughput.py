@@ -30,9 +30,9 @@ from tests.benchmarks.suite import (
     scratch_namespace,
 )
 from tests.fault.cluster import Process, poll
-from turnlog.application.database import Database
-from turnlog.application.logorder import HORIZON, XACT
 from turnlog.application.settings import schema_name
+from turnlog.application.store.database import Database
+from turnlog.application.store.logorder import HORIZON, XACT
 from turnlog.interface.bootstrap import build_process
 from turnlog.projections.catalog import read_models
 
@@ -291,13 +291,13 @@ class LagSampler:
 
     An event counts as committed at the first poll whose snapshot shows it,
     and as projected at the first poll where every read model's tracking
-    place (transaction id, position; see application/logorder.py) has
+    place (transaction id, position; see application/store/logorder.py) has
     reached its place (the view rows and the tracking row commit in one
     transaction). Both ends carry one poll interval of uncertainty; the
     intervals are recorded.
 
     Each poll reads only the rows of transactions at or above the previous
-    poll's commit horizon (application/logorder.py), through the log-order
+    poll's commit horizon (application/store/logorder.py), through the log-order
     index: every row of an older transaction had committed before that
     poll's snapshot and was seen by it. So a poll costs about the rows of
     the transactions in flight, not a window of thousands of rows; a poll

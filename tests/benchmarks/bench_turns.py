@@ -28,8 +28,8 @@ from eventsourcing.application import Application  # noqa: E402
 from eventsourcing.domain import Aggregate, event  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from turnlog.application.database import Database, locate  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store.database import Database, locate  # noqa: E402
 
 TOOL_MESSAGE = '/tool echo {"text": "benchmark"}'
 

@@ -20,7 +20,7 @@ from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, scratch_namespace
 from tests.fault.cluster import poll
 from tests.fault.waiters import wait_in_background
-from turnlog.application.database import Database
+from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.interface.http import create_app
 

@@ -67,8 +67,8 @@ def _load_workload(db: object) -> None:
     from tests.benchmarks.suite import Stat, scratch_namespace
 
     with scratch_namespace(db) as settings:  # type: ignore[arg-type]
-        from turnlog.application import database
         from turnlog.application.sessions import Sessions
+        from turnlog.application.store import database
         from turnlog.interface.bootstrap import open_sessions
 
         live = open_sessions(settings, db)  # type: ignore[arg-type]

@@ -61,7 +61,7 @@ from tests.benchmarks.suite import (
     run_together,
     scratch_namespace,
 )
-from turnlog.application.recorder import Notifier, TurnlogRecorder
+from turnlog.application.store.recorder import Notifier, TurnlogRecorder
 
 counts: Counter[str] = Counter()
 _lock = threading.Lock()

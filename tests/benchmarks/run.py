@@ -44,7 +44,7 @@ from tests.benchmarks.suite import (  # noqa: E402
     table,
     write_report,
 )
-from turnlog.application.database import Database  # noqa: E402
+from turnlog.application.store.database import Database  # noqa: E402
 
 FigureFn = Callable[[Database, Config], Figure]
 

@@ -39,8 +39,8 @@ from psycopg import sql  # noqa: E402
 from tests.fault.campaign import message_for  # noqa: E402
 from tests.fault.cluster import Cluster, Process  # noqa: E402
 from tests.fault.record import Kill, Record, check, final_state, takeover_latencies  # noqa: E402
-from turnlog.application.database import locate  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store.database import locate  # noqa: E402
 
 FINISHED = {"completed", "failed", "interrupted", "abandoned"}
 

@@ -33,8 +33,8 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
-from turnlog.application.database import Database, locate  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store.database import Database, locate  # noqa: E402
 
 
 @dataclass

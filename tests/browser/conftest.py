@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import ROOT, drop_namespace
 from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, Process, free_port, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 SCREENSHOTS = (
     ROOT / "docs" / "screenshots"

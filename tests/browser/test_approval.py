@@ -11,8 +11,8 @@ import pytest
 
 from tests.browser.conftest import Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 ASK = '/tool append_file {"path": "approved.txt", "text": "as asked"}'
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.browser.conftest import Locator, Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster, poll, worker_pid
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 # The calls wait before they write, long enough that the kill lands in the wait however
 # busy the machine (the kill ends it).

@@ -11,8 +11,8 @@ import pytest
 from tests.api.conftest import interrupt_a_turn, run_queued_turn
 from tests.browser.conftest import Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_runtime
 
 # title → who asked for it (each is left in a different state below)

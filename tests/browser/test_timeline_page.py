@@ -9,8 +9,8 @@ import pytest
 
 from tests.browser.conftest import Page, Server, expect, screenshot, serve
 from tests.fault.cluster import cluster
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 
 @pytest.fixture(scope="module")

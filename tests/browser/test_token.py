@@ -11,8 +11,8 @@ import pytest
 
 from tests.browser.conftest import Page, Request, Server, expect, serve
 from tests.fault.cluster import cluster
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 TOKEN = "tok-browser-51c9e0"
 TITLE = "Payroll export for March"

@@ -23,8 +23,8 @@ from tests.conftest import ROOT, turnlog_env
 from tests.deadlines import scaled
 from tests.e2e.test_serve import wait_ready
 from tests.fault.cluster import free_port
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

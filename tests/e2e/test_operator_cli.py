@@ -16,8 +16,8 @@ from uuid import UUID
 
 from tests.conftest import ROOT, raw_events, spawn_turnlog, turnlog
 from tests.fault.cluster import Cluster, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 
 def test_version_prints_the_installed_version() -> None:

@@ -7,9 +7,9 @@ import time
 
 from tests.conftest import turnlog
 from tests.deadlines import scaled
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
-from turnlog.application.workers_registry import list_workers
+from turnlog.application.store.database import Database
+from turnlog.application.store.workers_registry import list_workers
 
 
 def test_a_busy_port_is_refused_before_a_worker_or_runner_starts(

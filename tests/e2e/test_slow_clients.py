@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import raw_events
 from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, cluster, shared_namespace
-from turnlog.application.database import Database
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

@@ -21,7 +21,7 @@ the API acknowledged must be in the session's record at the end.
 
 With ``probes`` every process runs with outcome probes on (``TURNLOG_PROBES``):
 a worker killed inside ``append_file`` leaves a call that recovery settles by
-asking the tool's probe (``application/settling.py``) instead of interrupting
+asking the tool's probe (``application/execution/settling.py``) instead of interrupting
 the turn. Random kills land mostly before the write (the call's delay), so
 one worker kill in ``AIM_ONE_IN`` is aimed after it: with inserts into the
 log held back (a table lock, as the restart demo does), the killer waits

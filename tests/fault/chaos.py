@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 from tests.conftest import drop_namespace  # noqa: E402
 from tests.fault.campaign import Campaign  # noqa: E402
 from tests.fault.cluster import Cluster  # noqa: E402
-from turnlog.application.database import locate  # noqa: E402
 from turnlog.application.settings import Settings  # noqa: E402
+from turnlog.application.store.database import locate  # noqa: E402
 
 
 def main() -> int:

@@ -23,9 +23,9 @@ from psycopg import sql
 
 from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
-from turnlog.application.database import Database, advisory_lock_holder
-from turnlog.application.leases import session_lock_key
+from turnlog.application.execution.leases import session_lock_key
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database, advisory_lock_holder
 
 T = TypeVar("T")
 

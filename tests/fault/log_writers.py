@@ -8,8 +8,8 @@ from uuid import UUID
 
 from psycopg import sql
 
-from turnlog.application.database import locate
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import locate
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import open_sessions
 from turnlog.projections.log import EventLog

@@ -29,9 +29,9 @@ from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
 from tests.fault.cluster import worker_pid
-from turnlog.application import logorder
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store import logorder
+from turnlog.application.store.database import Database
 
 EFFECTS_FILE = "effects.txt"
 ENDINGS = {
@@ -74,7 +74,7 @@ class Record:
 
     Writers insert without a table lock, so positions do not commit in order:
     a reader past position 102 could later see 101 appear. Each refresh reads
-    every row past the last place (``application.logorder``: transaction id,
+    every row past the last place (``application.store.logorder``: transaction id,
     position) below which the log is final (the commit horizon, taken in the
     same statement), and keeps the rows it has not seen; rows above the
     horizon are read again by the next refresh and skipped by id.

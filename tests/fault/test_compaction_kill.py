@@ -13,10 +13,10 @@ import pytest
 
 from tests import deadlines
 from tests.conftest import raw_events, spawn_turnlog
-from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
-from turnlog.application.providers import ModelReply, ProviderRegistry
+from turnlog.application.providers.port import ModelReply, ProviderRegistry
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.domain.compaction import is_summarizing
 from turnlog.domain.request import SUMMARY_NAME, ModelRequest, summary_message
 from turnlog.domain.session import Session

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import raw_events
 from tests.fault.cluster import Cluster, cluster, poll, shared_namespace
 from tests.fault.record import Record, check
-from turnlog.application.database import Database
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

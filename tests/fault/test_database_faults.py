@@ -33,8 +33,8 @@ from tests.fault.campaign import Workload
 from tests.fault.cluster import Cluster, Process, cluster, poll, shared_namespace
 from tests.fault.proxy import Proxy
 from tests.fault.record import Record, check, final_state
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.http import create_app
 
 pytestmark = pytest.mark.fault

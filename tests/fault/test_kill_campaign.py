@@ -22,8 +22,8 @@ import pytest
 from tests.conftest import TEST_DATA
 from tests.fault.campaign import Campaign
 from tests.fault.cluster import cluster
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

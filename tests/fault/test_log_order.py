@@ -38,9 +38,9 @@ from psycopg import sql
 
 from tests.api.conftest import FAST, live_server
 from tests.fault.log_writers import PROCESSES, writer_process
-from turnlog.application.database import Database
-from turnlog.application.logorder import Place
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
+from turnlog.application.store.logorder import Place
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import open_sessions
 from turnlog.interface.http import create_app

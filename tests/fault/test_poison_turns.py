@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import raw_events
 from tests.fault.cluster import poll
-from turnlog.application.providers import FixtureProvider, ModelReply, ProviderRegistry
+from turnlog.application.providers.port import FixtureProvider, ModelReply, ProviderRegistry
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.domain.request import ModelRequest

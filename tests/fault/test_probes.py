@@ -24,9 +24,9 @@ from psycopg import sql
 from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
-from turnlog.application.database import Database
-from turnlog.application.processes import GATE_NAME
 from turnlog.application.settings import Settings, schema_name
+from turnlog.application.store.database import Database
+from turnlog.application.tools.processes import GATE_NAME
 
 pytestmark = pytest.mark.fault
 

@@ -19,8 +19,8 @@ from psycopg import sql
 
 from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, cluster, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.projections.catalog import READ_MODELS
 
 pytestmark = pytest.mark.fault

@@ -21,8 +21,8 @@ import pytest
 
 from tests.deadlines import scaled
 from tests.fault.cluster import Cluster, cluster, poll
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

@@ -23,10 +23,10 @@ import pytest
 from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
-from turnlog.application.database import Database
-from turnlog.application.processes import GATE_NAME, kill_group
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
+from turnlog.application.tools.processes import GATE_NAME, kill_group
 from turnlog.domain.turns import ToolProcess
 from turnlog.interface.bootstrap import build_runtime
 

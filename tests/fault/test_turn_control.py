@@ -21,8 +21,8 @@ import pytest
 from tests.deadlines import fault_window, scaled
 from tests.fault.cluster import Cluster, cluster, poll
 from tests.fault.test_tool_processes import group_members, recorded_processes
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_runtime
 
 pytestmark = pytest.mark.fault

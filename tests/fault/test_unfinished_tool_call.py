@@ -13,8 +13,8 @@ import pytest
 from tests import deadlines
 from tests.conftest import raw_events, spawn_turnlog, turnlog
 from tests.deadlines import scaled
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

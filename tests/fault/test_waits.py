@@ -18,9 +18,9 @@ from tests.api.conftest import FAST, live_server
 from tests.conftest import raw_events
 from tests.fault.cluster import poll
 from tests.fault.waiters import wait_in_background
-from turnlog.application.database import Database
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.http import create_app
 
 WAITERS = 600

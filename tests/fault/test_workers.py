@@ -11,8 +11,8 @@ import pytest
 
 from tests.deadlines import fault_window, scaled
 from tests.fault.cluster import Cluster, cluster, poll, worker_pid
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 
 pytestmark = pytest.mark.fault
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.fault.cluster import poll
-from turnlog.application.cancel_watch import CancelWatch, Watcher
+from turnlog.application.execution.cancel_watch import CancelWatch, Watcher
 from turnlog.application.settings import Settings
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime

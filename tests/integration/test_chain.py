@@ -11,9 +11,9 @@ from psycopg import sql
 
 from tests.conftest import turnlog
 from tests.histories import scripted_history
-from turnlog.application import chain
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store import chain
 from turnlog.interface.bootstrap import build_runtime
 
 

@@ -21,12 +21,18 @@ import pytest
 
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
-from turnlog.application.command_tools import load_tools_file
-from turnlog.application.database import Database
 from turnlog.application.errors import ConfigurationError, LeaseLost
-from turnlog.application.processes import identify, is_alive, kill_group, proc_stat, run_command
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
+from turnlog.application.tools.command import load_tools_file
+from turnlog.application.tools.processes import (
+    identify,
+    is_alive,
+    kill_group,
+    proc_stat,
+    run_command,
+)
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect, ToolProcess
@@ -382,7 +388,7 @@ def test_the_readme_example_of_a_tools_file_loads(tmp_path: Path) -> None:
 def test_each_call_gets_an_idempotency_key_unique_across_sessions_and_namespaces(
     shell_runtime: Runtime, settings: Settings
 ) -> None:
-    from turnlog.application.tool_context import idempotency_key
+    from turnlog.application.tools.context import idempotency_key
 
     show = {"command": 'printf "%s|%s" "$TURNLOG_CALL_ID" "$TURNLOG_IDEMPOTENCY_KEY"'}
     first, second = new_session(shell_runtime), new_session(shell_runtime)
@@ -454,7 +460,7 @@ def test_command_tools_are_refused_at_start_up_where_processes_cannot_be_identif
 
 
 def test_command_tools_need_proc_even_on_linux(tmp_path: Path) -> None:
-    from turnlog.application.processes import unsupported_reason
+    from turnlog.application.tools.processes import unsupported_reason
 
     assert unsupported_reason("linux") == ""
     assert "need Linux with /proc" in unsupported_reason("linux", proc=tmp_path / "no-proc")

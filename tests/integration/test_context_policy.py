@@ -14,7 +14,7 @@ from uuid import UUID
 import pytest
 
 from tests.conftest import raw_events, turnlog
-from turnlog.application.providers import (
+from turnlog.application.providers.port import (
     FixtureProvider,
     ModelReply,
     ProviderError,

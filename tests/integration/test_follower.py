@@ -14,11 +14,11 @@ import pytest
 from psycopg import sql
 
 from tests.deadlines import poll, scaled
-from turnlog.application.follower import LogFollower
-from turnlog.application.recorder import Hint, notice_of, payload_of
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import ENDING_MARK, WORK_MARK
 from turnlog.application.settings import Settings
+from turnlog.application.store.follower import LogFollower
+from turnlog.application.store.recorder import Hint, notice_of, payload_of
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import Process, build_process
 from turnlog.interface.roles import Role
@@ -64,7 +64,7 @@ def test_the_source_has_one_listener() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"""["']LISTEN \{""", line)  # a LISTEN statement
     ]
-    assert listeners == [listeners[0]] and listeners[0].startswith("application/follower.py")
+    assert listeners == [listeners[0]] and listeners[0].startswith("application/store/follower.py")
 
 
 def test_a_wake_up_by_this_process_s_own_writes_waits_for_more_and_another_s_does_not(

@@ -12,8 +12,8 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from turnlog.application.database import Database
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import log_page

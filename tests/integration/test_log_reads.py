@@ -15,10 +15,10 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests.deadlines import poll
-from turnlog.application import logorder
-from turnlog.application.logorder import Place
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store import logorder
+from turnlog.application.store.logorder import Place
 
 
 def _table(settings: Settings) -> sql.Composed:

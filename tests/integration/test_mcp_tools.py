@@ -24,11 +24,11 @@ import pytest
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
-from turnlog.application.database import Database
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.application.tool_context import idempotency_key
+from turnlog.application.store.database import Database
+from turnlog.application.tools.context import idempotency_key
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime, build_tools
 

@@ -36,12 +36,12 @@ from tests.openai_stub import (
     streamed_tool_calls,
     tool_calls,
 )
-from turnlog.application.database import Database
 from turnlog.application.errors import LeaseLost
-from turnlog.application.openai_provider import OpenAIConfig, OpenAIProvider
-from turnlog.application.reply_deltas import ReplyDelta
+from turnlog.application.providers.openai_compatible import OpenAIConfig, OpenAIProvider
+from turnlog.application.providers.reply_deltas import ReplyDelta
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, schema_name
+from turnlog.application.store.database import Database
 from turnlog.domain.progress import Decision
 from turnlog.domain.request import ModelRequest
 from turnlog.interface.bootstrap import build_runtime

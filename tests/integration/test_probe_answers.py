@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from turnlog.application.command_tools import CommandProber, load_tools_file
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.probes import AppendFileProber, run_probe
-from turnlog.application.sandbox_files import append_line
-from turnlog.application.tool_context import ToolContext
+from turnlog.application.tools.command import CommandProber, load_tools_file
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.probes import AppendFileProber, run_probe
+from turnlog.application.tools.sandbox_files import append_line
 from turnlog.domain.turns import ProbeAnswer
 
 

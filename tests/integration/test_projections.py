@@ -20,9 +20,9 @@ from turnlog.application.errors import (
     ProjectionConflict,
     UnknownProjection,
 )
-from turnlog.application.logorder import place_of_tracking
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.logorder import place_of_tracking
 from turnlog.domain.session import Session
 from turnlog.projections import ProjectionSupervisor, ReadModels, read_models
 from turnlog.projections.audit import disagreements
@@ -350,7 +350,7 @@ def test_a_batch_takes_no_transaction_id_until_its_writes_and_so_holds_no_log_re
     runtime: Runtime, read: ReadModels
 ) -> None:
     # A running transaction id holds the log's commit horizon for every reader
-    # (application/logorder.py); a batch's loads and folding must not.
+    # (application/store/logorder.py); a batch's loads and folding must not.
     runtime.sessions.create_session(title="folded")
     view, fold = _one_batch(read)
     with (

@@ -24,11 +24,11 @@ import pytest
 import turnlog
 from tests.api.conftest import eventually
 from tests.conftest import ROOT, raw_events, turnlog_env
-from turnlog.application.database import Database
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.python_tools import parameters_schema
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.store.database import Database
+from turnlog.application.tools.python import parameters_schema
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime, build_tools
 

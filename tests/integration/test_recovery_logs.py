@@ -10,9 +10,9 @@ from uuid import UUID
 import pytest
 
 from tests import deadlines
+from turnlog.application.execution.worker import Worker
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.application.worker import Worker
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import OpenTurnsSource
 from turnlog.projections import ReadModels

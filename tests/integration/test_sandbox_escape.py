@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from turnlog.application.command_tools import shell_tool
 from turnlog.application.runtime import Runtime
-from turnlog.application.sandboxes import Sandboxes, _size
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tools import ToolError, ToolRegistry, builtin_tools
+from turnlog.application.tools.command import shell_tool
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.port import ToolError, ToolRegistry, builtin_tools
+from turnlog.application.tools.sandboxes import Sandboxes, _size
 
 registry = ToolRegistry(builtin_tools())
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from turnlog.application.runtime import Runtime
-from turnlog.application.sandboxes import Sandboxes
+from turnlog.application.tools.sandboxes import Sandboxes
 
 
 def test_gc_removes_only_sandboxes_of_closed_sessions_and_never_unknown_directories(

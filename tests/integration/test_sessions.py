@@ -114,7 +114,7 @@ def test_two_namespaces_never_see_each_others_sessions(
 
 
 def test_an_invalid_namespace_is_refused_before_any_sql_runs(database: object) -> None:
-    from turnlog.application.database import create_schema
+    from turnlog.application.store.database import create_schema
 
     with pytest.raises(ValueError, match="invalid namespace"):
         Settings(namespace="Robert'); DROP TABLE x;--")
@@ -215,7 +215,7 @@ def test_snapshots_keep_loading_short_and_equal_to_a_full_replay(
 
 
 def _env(rt: Runtime) -> dict[str, str]:
-    from turnlog.application.database import library_env
+    from turnlog.application.store.database import library_env
 
     return library_env(rt.db, rt.settings, create_table=False)
 

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from turnlog.application.database import Database
 from turnlog.application.runtime import Runtime
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tool_errors import MAX_ERROR_CHARS, MAX_LOG_CHARS
-from turnlog.application.tools import FunctionTool, ToolSpec
+from turnlog.application.store.database import Database
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.errors import MAX_ERROR_CHARS, MAX_LOG_CHARS
+from turnlog.application.tools.port import FunctionTool, ToolSpec
 from turnlog.domain.turns import Effect
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.unit.histories import WORKER, a_call
 from tests.unit.test_bounded_state import KINDS, _turn
-from turnlog.application.providers import FixtureProvider
+from turnlog.application.providers.port import FixtureProvider
 from turnlog.application.sessions import Sessions
 from turnlog.domain import errors
 from turnlog.domain.compaction import is_summarizing

@@ -95,7 +95,7 @@ def test_the_domain_imports_only_the_stdlib_eventsourcing_domain_and_itself() ->
         "from eventsourcing.persistence import IntegrityError",
         "from eventsourcing import persistence",
         "from eventsourcing.application import Application",
-        "from turnlog.application.tools import Effect",
+        "from turnlog.application.tools.port import Effect",
         "from domain.turns import Turn",
         "import turnlog.interface",
         "import interface",

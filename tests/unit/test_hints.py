@@ -6,7 +6,6 @@ from uuid import uuid4
 
 import pytest
 
-from turnlog.application.recorder import MAX_PAYLOAD, Hint, Notice, notice_of, payload_of
 from turnlog.application.sessions import (
     ENDING_MARK,
     ENDING_TOPICS,
@@ -15,6 +14,7 @@ from turnlog.application.sessions import (
     WORK_MARK,
     WORK_TOPICS,
 )
+from turnlog.application.store.recorder import MAX_PAYLOAD, Hint, Notice, notice_of, payload_of
 from turnlog.domain.session import Session
 
 ORIGIN = "0123456789abcdef"

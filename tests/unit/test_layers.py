@@ -16,14 +16,19 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ("domain", "application", "projections", "interface")
 
 PROJECTIONS_MAY_USE = {
-    "application.chain",  # the log's hash chain, which audit recomputes
-    "application.database",
+    "application.store.chain",  # the log's hash chain, which audit recomputes
+    "application.store.database",
     "application.errors",
-    "application.follower",  # the process's one reader of the log's tail, whose pages they fold
-    "application.logorder",  # the log's order and commit horizon (how the log is read)
+    # the process's one reader of the log's tail, whose pages they fold
+    "application.store.follower",
+    "application.store.logorder",  # the log's order and commit horizon (how the log is read)
     "application.settings",
     "application.sessions",
 }
+
+
+def _is_package(module: str) -> bool:
+    return (ROOT / module.removeprefix("turnlog.").replace(".", "/") / "__init__.py").exists()
 
 
 def imports_of(package: str) -> dict[str, set[str]]:
@@ -32,8 +37,9 @@ def imports_of(package: str) -> dict[str, set[str]]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # `from turnlog.application import x` names only x
-                if "." in node.module.removeprefix("turnlog."):
+                # `from turnlog.application.store import x` names only x: a package's
+                # own module (its __init__) is empty
+                if not _is_package(node.module):
                     names.add(node.module)
                 names.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
@@ -150,8 +156,8 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
 
 
 def test_the_http_api_and_the_console_list_workers_without_importing_the_worker() -> None:
-    """They read the workers registry (application.workers_registry), not the worker's code."""
+    """They read the workers registry (store.workers_registry), not the worker's code."""
     for package in ("interface/http", "interface/console"):
         for path, names in imports_of(package).items():
-            bad = {n for n in names if ours(n, "application.worker")}
+            bad = {n for n in names if ours(n, "application.execution.worker")}
             assert not bad, f"{path} imports the worker: {sorted(bad)}"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.unit.histories import WORKER, a_completed_turn, a_running_turn, a_session
-from turnlog.application.providers import (
+from turnlog.application.providers.port import (
     FixtureProvider,
     ModelReply,
     ProviderError,

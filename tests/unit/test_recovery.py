@@ -13,7 +13,7 @@ from tests.unit.histories import (
     a_started_call,
     an_interrupted_turn,
 )
-from turnlog.application.recovery import summarize
+from turnlog.application.execution.recovery import summarize
 from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from turnlog.application.tools import (
+from turnlog.application.tools.port import (
     MAX_SLEEP_SECONDS,
     FunctionTool,
     ToolContext,
@@ -260,7 +260,7 @@ def test_a_result_summary_is_short_json() -> None:
 
 
 def test_idempotency_key_is_stable_for_a_call_and_differs_for_any_other() -> None:
-    from turnlog.application.tool_context import ToolContext, idempotency_key
+    from turnlog.application.tools.context import ToolContext, idempotency_key
 
     key = idempotency_key("prod", "s-1", "call_1")
     assert key == idempotency_key("prod", "s-1", "call_1")  # a re-run gets the same key
@@ -329,7 +329,7 @@ def test_the_built_in_tools_bound_their_delays_in_their_schemas() -> None:
 
 
 def test_a_parameters_schema_that_is_not_valid_json_schema_is_refused() -> None:
-    from turnlog.application.tools import check_parameters_schema
+    from turnlog.application.tools.port import check_parameters_schema
 
     bad = {"type": "object", "properties": {"n": {"type": "integer", "minimum": "one"}}}
     with pytest.raises(ValueError, match=r"not a valid JSON Schema \(Draft 2020-12\)"):

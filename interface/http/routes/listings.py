@@ -8,7 +8,7 @@ from uuid import UUID
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
-from turnlog.application.workers_registry import list_workers
+from turnlog.application.store.workers_registry import list_workers
 from turnlog.interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
 from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (

@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from turnlog.application.idempotency import start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
-from turnlog.application.tools import default_tools
+from turnlog.application.tools.port import default_tools
 from turnlog.application.views import describe_request, describe_session_summary, describe_turn
 from turnlog.interface.http.deps import (
     IdempotencyKey,

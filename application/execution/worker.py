@@ -10,7 +10,7 @@ worker's turns become available the moment the server notices the death.
 Work is offered: by this process's own saves of an event of ``WORK_TOPICS``
 (a submit through its HTTP API, an approval …), the moment they commit; by
 the hints of another process's notification (``recorder.Hint``), the moment
-it arrives; and by the process's log follower (``application.follower``),
+it arrives; and by the process's log follower (``application.store.follower``),
 whose page brings every such event again. Whichever comes first offers the
 session; the second is not offered again (a second offer of a session this
 worker already runs would run it again, for nothing, once it let go). One
@@ -32,18 +32,18 @@ from uuid import UUID
 
 import psycopg
 
-from turnlog.application.cancel_watch import utc_now
-from turnlog.application.database import connect
 from turnlog.application.errors import ApplicationError, LeaseLost
-from turnlog.application.follower import LogFollower
-from turnlog.application.leases import Lease, owner_alive
+from turnlog.application.execution.cancel_watch import utc_now
+from turnlog.application.execution.leases import Lease, owner_alive
+from turnlog.application.execution.recovery import DONE, summarize
 from turnlog.application.log_context import bound
-from turnlog.application.logorder import LogPage
-from turnlog.application.recorder import Hint
-from turnlog.application.recovery import DONE, summarize
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import WORK_MARK, WORK_TOPICS
-from turnlog.application.workers_registry import heartbeat, mark_stopped, register_worker
+from turnlog.application.store.database import connect
+from turnlog.application.store.follower import LogFollower
+from turnlog.application.store.logorder import LogPage
+from turnlog.application.store.recorder import Hint
+from turnlog.application.store.workers_registry import heartbeat, mark_stopped, register_worker
 from turnlog.domain.errors import DomainError
 from turnlog.domain.progress import Decision, Verdict, decide
 

@@ -38,8 +38,8 @@ from uuid import UUID
 
 import psycopg
 
-from turnlog.application.database import Database, advisory_lock_holder, connect, lock_key
 from turnlog.application.errors import ApplicationError, LeaseLost
+from turnlog.application.store.database import Database, advisory_lock_holder, connect, lock_key
 
 log = logging.getLogger("turnlog.leases")
 

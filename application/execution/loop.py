@@ -22,24 +22,24 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 from uuid import UUID
 
-from turnlog.application.cancel_watch import POLL_SECONDS, CancelWatch, utc_now
 from turnlog.application.errors import ConcurrentModification, LeaseLost
+from turnlog.application.execution.cancel_watch import POLL_SECONDS, CancelWatch, utc_now
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved, cancel_kind
-from turnlog.application.probes import owner_identity, prober_of
-from turnlog.application.providers import ModelReply, ProviderError, ProviderRegistry
-from turnlog.application.reply_deltas import DeltaHub
-from turnlog.application.sandbox_files import SandboxPathError, ensure_sandbox
+from turnlog.application.providers.port import ModelReply, ProviderError, ProviderRegistry
+from turnlog.application.providers.reply_deltas import DeltaHub
 from turnlog.application.sessions import Sessions
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tool_errors import (
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.errors import (
     MAX_ERROR_CHARS,
     error_text,
     log_text,
     shorten,
     without_paths,
 )
-from turnlog.application.tools import ToolError, ToolOutcomeUnknown, ToolRegistry
+from turnlog.application.tools.port import ToolError, ToolOutcomeUnknown, ToolRegistry
+from turnlog.application.tools.probes import owner_identity, prober_of
+from turnlog.application.tools.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
@@ -127,7 +127,7 @@ class Executor:
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
         # A lock dropped with its connection while we live is taken back, and
-        # kept only if no one claimed the turn meanwhile (application/leases.py).
+        # kept only if no one claimed the turn meanwhile (application/execution/leases.py).
         lease.guard(lambda: self._still_ours(session_id, turn_id, claim))
         try:
             return self._steps(session, turn_id, claim, lease, stop)

@@ -34,9 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from turnlog.application.processes import identify, is_alive, is_here
-from turnlog.application.sandbox_files import SandboxPathError, file_state, path_parts, read_at
-from turnlog.application.tool_context import ToolContext
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.processes import identify, is_alive, is_here
+from turnlog.application.tools.sandbox_files import (
+    SandboxPathError,
+    file_state,
+    path_parts,
+    read_at,
+)
 from turnlog.domain.turns import ProbeAnswer, ToolCall, ToolProcess
 
 log = logging.getLogger("turnlog.probes")

@@ -11,7 +11,7 @@ inserted by a writer that has read version v, committed (the primary key
 (session, version) makes a second writer of v wait for the first, then
 fail), so no version can appear below one a reader has seen. Readers of the
 *whole* log (``count_topics``, ``scan_topics``, the read models) follow the
-horizon instead (``application.logorder``; docs/log-order.md).
+horizon instead (``application.store.logorder``; docs/log-order.md).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from uuid import UUID
 from eventsourcing.persistence import StoredEvent
 from psycopg import sql
 
-from turnlog.application import logorder
-from turnlog.application.logorder import Place
 from turnlog.application.sessions import Sessions
+from turnlog.application.store import logorder
+from turnlog.application.store.logorder import Place
 from turnlog.domain.session import Session
 
 # Fields every event carries that are shown as columns, not as payload.
@@ -171,7 +171,7 @@ def count_topics(
 ) -> tuple[dict[str, int], Place]:
     """How many events of each topic were stored past ``after``, and the place to go on from.
 
-    In the log's order and below the commit horizon (``application.logorder``):
+    In the log's order and below the commit horizon (``application.store.logorder``):
     the place returned is just below the horizon, so counting again from it
     counts every event exactly once, also one that committed late. Reads only
     the part of the log past ``after`` (the log-order index), so a caller

@@ -28,8 +28,8 @@ from typing import Any
 from uuid import UUID
 
 from turnlog.application.errors import SessionNotFound
-from turnlog.application.processes import is_alive, kill_group
 from turnlog.application.sessions import Sessions
+from turnlog.application.tools.processes import is_alive, kill_group
 from turnlog.domain.session import Session
 from turnlog.domain.turns import CallState, ToolCall, ToolProcess
 

@@ -4,7 +4,7 @@
 empty string, over the bytes exactly as stored (``topic`` in UTF-8; the NUL
 byte separates it from the state, and a topic cannot contain one). The
 recorder computes it inside its one insert statement
-(``application.recorder``): the previous hash is read there from the
+(``application.store.recorder``): the previous hash is read there from the
 stream's row at ``version - 1``, and several events of one stream saved
 together chain among themselves. That is safe without a lock because a
 stream's versions are unique (the primary key): once an insert of version
@@ -29,7 +29,7 @@ from uuid import UUID
 
 from psycopg import sql
 
-from turnlog.application.logorder import table
+from turnlog.application.store.logorder import table
 
 SEPARATOR = b"\x00"
 

@@ -1,6 +1,6 @@
 """One call of a ``@turnlog.tool`` function, in a process of its own.
 
-``python -m turnlog.application.python_tool_runner MODULE FUNCTION`` with the
+``python -m turnlog.application.tools.python_runner MODULE FUNCTION`` with the
 arguments (JSON) in ``TURNLOG_TOOL_ARGUMENTS``: validates them against the
 function's type hints, calls it, prints the result as JSON. A refusal or an
 exception is one line on stderr and exit code 1.
@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import to_jsonable_python
 
-from turnlog.application.python_tools import (
+from turnlog.application.tools.python import (
     ARGUMENTS_ENV,
     PRE_STATE_ENV,
     RESULT_MARK,

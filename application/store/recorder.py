@@ -10,7 +10,7 @@ takes neither:
   round trip per save) also records the inserting transaction's id
   (``xact_id``, ``pg_current_xact_id()``). Readers of the whole log order it
   by (transaction id, position) and read only below the commit horizon, so
-  no reader can pass an event that commits later (``application.logorder``,
+  no reader can pass an event that commits later (``application.store.logorder``,
   docs/log-order.md);
 - the notification goes out *after* the commit, as a transaction of its own
   (``NOTIFY`` in the insert's transaction would hold every writer's commit
@@ -28,7 +28,7 @@ takes neither:
   reads the log. A notification lost (the process died between the commit
   and the ``NOTIFY``) costs latency only: every reader also polls;
 - the same statement stores each event's hash, chained to the previous
-  event of its stream (``application.chain``): the previous hash is read
+  event of its stream (``application.store.chain``): the previous hash is read
   in the statement itself, so the chain costs no extra round trip;
 - the optimistic-concurrency primary key is the library's, unchanged.
 
@@ -54,9 +54,9 @@ from eventsourcing.utils import retry
 from psycopg import Connection, Cursor, InterfaceError, OperationalError
 from psycopg.sql import SQL
 
-from turnlog.application import chain, logorder
-from turnlog.application.database import rendered
 from turnlog.application.errors import ApplicationError
+from turnlog.application.store import chain, logorder
+from turnlog.application.store.database import rendered
 
 log = logging.getLogger("turnlog.recorder")
 
@@ -316,7 +316,7 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
         self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
         self.notifier = Notifier(self.datastore, self.channel_name)
-        # The factory flushes it when the application closes (application/pool.py).
+        # The factory flushes it when the application closes (application/store/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
         self.datastore.turnlog_notifiers = notifiers  # type: ignore[attr-defined]

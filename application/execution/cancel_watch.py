@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 from types import TracebackType
 from uuid import UUID
 
-from turnlog.application.processes import kill_group
 from turnlog.application.sessions import Sessions
+from turnlog.application.tools.processes import kill_group
 from turnlog.domain.turns import Effect, ToolProcess
 
 log = logging.getLogger("turnlog.execution")

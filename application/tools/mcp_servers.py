@@ -42,8 +42,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict
 
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tools import (
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.port import (
     ToolError,
     ToolOutcomeUnknown,
     ToolRegistry,

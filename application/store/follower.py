@@ -1,10 +1,10 @@
 """The one ear of a process: one LISTEN connection, one read of the log's tail per wake-up.
 
 Writers send ``NOTIFY`` on the namespace's channel after their commits
-(``application.recorder``). One follower per process listens, and on each
+(``application.store.recorder``). One follower per process listens, and on each
 notification (and every ``poll_interval`` seconds, for a lost one or while
 the LISTEN connection is down) reads the new events once — in the log's
-order, below the commit horizon (``application.logorder``) — and hands the
+order, below the commit horizon (``application.store.logorder``) — and hands the
 page to every subscriber in the process: the read-model runners (which
 fold it), the worker (sessions with new work), the HTTP waits and live
 streams (sessions that changed). While committed events wait past the
@@ -41,12 +41,12 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 
-from turnlog.application import logorder
-from turnlog.application.database import Database, connect
 from turnlog.application.errors import ApplicationError
-from turnlog.application.logorder import LogPage, Place
-from turnlog.application.recorder import Hint, log_channel, notice_of
 from turnlog.application.sessions import Sessions
+from turnlog.application.store import logorder
+from turnlog.application.store.database import Database, connect
+from turnlog.application.store.logorder import LogPage, Place
+from turnlog.application.store.recorder import Hint, log_channel, notice_of
 
 log = logging.getLogger("turnlog.follower")
 

@@ -15,7 +15,7 @@ Failures, as the agent loop sees them (a ``ProviderError`` → TurnFailed)::
 
 Replies are streamed (``stream: true``): the text arrives as server-sent
 ``data:`` chunks, each piece handed to the model call's reply sink
-(``application.reply_deltas``) for live subscribers, and tool calls arrive as
+(``application.providers.reply_deltas``) for live subscribers, and tool calls arrive as
 pieces assembled by index into whole calls. What the agent loop gets — and
 stores — is the whole reply, as without streaming. A server that answers
 with plain JSON instead of a stream is read as before. A stream cut before
@@ -43,9 +43,9 @@ from uuid import uuid4
 
 from pydantic import SecretStr
 
-from turnlog.application.providers import ModelReply, ProviderError
-from turnlog.application.reply_deltas import ReplySink, current_sink
-from turnlog.application.tools import ToolSpec
+from turnlog.application.providers.port import ModelReply, ProviderError
+from turnlog.application.providers.reply_deltas import ReplySink, current_sink
+from turnlog.application.tools.port import ToolSpec
 from turnlog.domain.request import Message, ModelRequest
 
 if TYPE_CHECKING:  # imported on first use: every turnlog command would pay for it

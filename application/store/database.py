@@ -164,8 +164,8 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
     p = db.params
     return {
         # The library's PostgreSQL persistence, with a pool that can fail fast
-        # for HTTP requests when the server is down (see application/pool.py).
-        "PERSISTENCE_MODULE": "turnlog.application.pool:TurnlogFactory",
+        # for HTTP requests when the server is down (see application/store/pool.py).
+        "PERSISTENCE_MODULE": "turnlog.application.store.pool:TurnlogFactory",
         "POSTGRES_DBNAME": str(p.get("dbname") or p.get("user") or "postgres"),
         "POSTGRES_HOST": str(p.get("host") or "localhost"),
         "POSTGRES_PORT": str(p.get("port") or 5432),
@@ -179,11 +179,11 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         "AGGREGATE_CACHE_MAXSIZE": str(settings.session_cache_size or ""),
         "AGGREGATE_CACHE_FASTFORWARD": "y",
         # One insert per save, no table lock, the transaction id recorded for
-        # the log's order; NOTIFY after the commit (see application/recorder.py).
-        "APPLICATION_RECORDER_TOPIC": "turnlog.application.recorder:TurnlogRecorder",
+        # the log's order; NOTIFY after the commit (see application/store/recorder.py).
+        "APPLICATION_RECORDER_TOPIC": "turnlog.application.store.recorder:TurnlogRecorder",
         "POSTGRES_CONNECT_TIMEOUT": "10",
         # No ping on checkout (a round trip each): the pool checks a lent
-        # connection without one and replaces a dead one (application/pool.py).
+        # connection without one and replaces a dead one (application/store/pool.py).
         "POSTGRES_PRE_PING": "n",
         # The library's DB functions stay off: in 9.5.6 they write without
         # recording the order and confuse tables of two applications in one schema.

@@ -1,7 +1,7 @@
 """What a tool gets besides its arguments (``ToolContext``), and its calls' idempotency keys.
 
-A module of its own: the tools (``application.tools``) and their probes
-(``application.probes``) both use it, and the tools use the probes.
+A module of its own: the tools (``application.tools.port``) and their probes
+(``application.tools.probes``) both use it, and the tools use the probes.
 """
 
 from __future__ import annotations

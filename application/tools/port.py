@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
-from turnlog.application.probes import AppendFileProber
-from turnlog.application.sandbox_files import SandboxPathError, append_line, path_parts
-from turnlog.application.tool_context import ToolContext
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.probes import AppendFileProber
+from turnlog.application.tools.sandbox_files import SandboxPathError, append_line, path_parts
 from turnlog.domain.turns import Effect
 
 MAX_SLEEP_SECONDS = 300.0
@@ -83,7 +83,7 @@ class FunctionTool:
 
     spec: ToolSpec
     function: Callable[[dict[str, Any], ToolContext], Any] = field(repr=False)
-    # Its probe (application/probes.py), asked by recovery when probes are on.
+    # Its probe (application/tools/probes.py), asked by recovery when probes are on.
     prober: Any = field(default=None, repr=False)
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:

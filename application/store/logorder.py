@@ -33,8 +33,8 @@ from typing import Any
 from eventsourcing.persistence import Notification, Tracking
 from psycopg import Cursor, sql
 
-from turnlog.application.database import rendered
 from turnlog.application.errors import InvalidPosition
+from turnlog.application.store.database import rendered
 
 # The sort key of a row: old rows (NULL) first, as transaction 0.
 XACT = sql.SQL("coalesce(xact_id, '0'::xid8)")
@@ -179,7 +179,7 @@ def read_statement(qualified: sql.Composable, *, stop: bool) -> sql.Composed:
 
 @functools.lru_cache(maxsize=64)
 def _read_once(qualified: bytes, *, stop: bool) -> bytes:
-    """``read_statement`` for a table, composed once (application/database.py: ``rendered``)."""
+    """``read_statement`` for a table, composed once (``store.database.rendered``)."""
     return rendered(read_statement(sql.SQL(qualified.decode()), stop=stop))
 
 

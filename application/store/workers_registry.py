@@ -14,8 +14,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from turnlog.application.database import Database, bootstrap_lock, connect
 from turnlog.application.settings import schema_name
+from turnlog.application.store.database import Database, bootstrap_lock, connect
 
 
 def workers_table(namespace: str) -> sql.Composed:

@@ -24,7 +24,7 @@ run in the same sandbox with the same environment (and the intent's
 pre-state in ``TURNLOG_PROBE_PRE_STATE``) when recovery finds the call in
 flight after its owner died; ``probe_timeout_seconds`` bounds it and
 ``rerun_when_not_applied`` lets a ``not_applied`` answer run the call again
-(application/probes.py has the answer's contract).
+(application/tools/probes.py has the answer's contract).
 """
 
 from __future__ import annotations
@@ -40,16 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.probes import (
-    DEFAULT_PROBE_TIMEOUT,
-    ProbeReport,
-    parse_answer,
-    unknown,
-)
-from turnlog.application.processes import run_command
-from turnlog.application.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tools import (
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.port import (
     Tool,
     ToolError,
     ToolRegistry,
@@ -57,6 +49,14 @@ from turnlog.application.tools import (
     check_arguments,
     check_parameters_schema,
 )
+from turnlog.application.tools.probes import (
+    DEFAULT_PROBE_TIMEOUT,
+    ProbeReport,
+    parse_answer,
+    unknown,
+)
+from turnlog.application.tools.processes import run_command
+from turnlog.application.tools.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
 from turnlog.domain.turns import Effect, ToolProcess
 
 DEFAULT_TIMEOUT = 30.0
@@ -72,7 +72,7 @@ _ENTRY_KEYS = {
     "approval",
 }
 APPROVALS = ("none", "required")
-# A declaration's probe (application/probes.py).
+# A declaration's probe (application/tools/probes.py).
 _ENTRY_KEYS |= {"probe", "probe_timeout_seconds", "rerun_when_not_applied"}
 # Sections of the tools file read elsewhere: Python tool modules (python_tools), MCP
 # servers (mcp_tools).

@@ -12,7 +12,7 @@ imported, a function without type hints, or two tools with one name stop
 start-up with the cause named.
 
 Where they run: never in the worker's process. Each call is a fresh
-``python -m turnlog.application.python_tool_runner`` in the session's sandbox,
+``python -m turnlog.application.tools.python_runner`` in the session's sandbox,
 its own process group, started like a command tool's process (its pid and
 start time recorded before it runs), so a tool that overruns its timeout is
 killed with its group and cannot wedge the worker, and a worker killed
@@ -23,7 +23,7 @@ mid-call leaves the same record as for a command tool: recovery re-runs a
 ``probe(arguments: dict, idempotency_key: str, pre_state: dict) -> dict``
 returning ``{"answer": "applied", "result": …}``, ``{"answer": "not_applied"}``
 or ``{"answer": "unknown", "note": …}``, run the same way in a process of
-its own, bounded by ``probe_timeout`` (application/probes.py).
+its own, bounded by ``probe_timeout`` (application/tools/probes.py).
 """
 
 from __future__ import annotations
@@ -40,16 +40,16 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, create_model
 
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.probes import (
+from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.port import ToolError, ToolSpec, check_arguments
+from turnlog.application.tools.probes import (
     DEFAULT_PROBE_TIMEOUT,
     ProbeReport,
     parse_answer,
     report_from,
     unknown,
 )
-from turnlog.application.processes import run_command
-from turnlog.application.tool_context import ToolContext
-from turnlog.application.tools import ToolError, ToolSpec, check_arguments
+from turnlog.application.tools.processes import run_command
 from turnlog.domain.turns import Effect
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -213,7 +213,7 @@ class PythonTool:
             "TURNLOG_ATTEMPT": str(context.attempt),
             ARGUMENTS_ENV: json.dumps(arguments),
         }
-        argv = [sys.executable, "-m", "turnlog.application.python_tool_runner"]
+        argv = [sys.executable, "-m", "turnlog.application.tools.python_runner"]
         result = run_command(
             [*argv, declared.module, declared.function],
             cwd=context.sandbox,
@@ -261,7 +261,7 @@ class PythonProber:
             ARGUMENTS_ENV: json.dumps(arguments),
             PRE_STATE_ENV: json.dumps(pre_state),
         }
-        argv = [sys.executable, "-m", "turnlog.application.python_tool_runner", "--probe"]
+        argv = [sys.executable, "-m", "turnlog.application.tools.python_runner", "--probe"]
         result = run_command(
             [*argv, declared.module, declared.probe],
             cwd=context.sandbox,
