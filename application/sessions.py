@@ -8,10 +8,7 @@ load; a second loss surfaces as ``ConcurrentModification``.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,10 +21,13 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent, Transcoding
-from psycopg import sql
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent
 
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
+from turnlog.application.news import NewsFeed
+from turnlog.application.session_cache import SessionCache
+from turnlog.application.store import session_log
+from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
@@ -37,14 +37,11 @@ from turnlog.domain.session import (
     replay_turns,
     retaining,
 )
-from turnlog.domain.turns import CallState, FinishedTurn, Step, ToolCall, Turn, TurnState
+from turnlog.domain.turns import FinishedTurn, Step, ToolCall, Turn
 
 log = logging.getLogger("turnlog.sessions")
 
 T = TypeVar("T")
-EARLIER_CACHE_SIZE = 64  # sessions whose earlier turns this process keeps rebuilt
-KNOWN_SESSIONS = 64  # sessions whose latest events this process keeps (Sessions._known)
-KNOWN_EVENTS = 64  # the latest events kept of each (a turn of some 20 tool calls)
 # Re-decisions allowed to a command that races a running turn's writes (a
 # follow-up, a cancel, an approval): each is one reload and one short save.
 CONTENDED_ATTEMPTS = 8
@@ -65,61 +62,6 @@ class Submitted(Written):
     created: bool
 
 
-# The middle steps of a running turn. Nobody in another process waits for one
-# (a turn's end, a submission and every operator's command are what wake
-# waiters and workers), so a save of these alone is notified a little later,
-# together with the next (recorder.Notifier): read models and live event
-# streams of other processes see them up to recorder.DEFER late.
-STEP_TOPICS = frozenset(
-    event.TOPIC
-    for event in (
-        Session.TurnClaimed,
-        Session.ModelReplied,
-        Session.ToolCallStarted,
-        Session.ToolCallProcessStarted,
-        Session.ToolCallSucceeded,
-        Session.ToolCallFailed,
-    )
-)
-
-# Events after which a session may have a turn for a worker to take.
-WORK_TOPICS = frozenset(
-    event.TOPIC
-    for event in (
-        Session.TurnSubmitted,
-        Session.ToolCallResolved,
-        # A cancel asked of a turn whose owner is gone; a turn cancelled at once
-        # (the next queued one may start); an approval or rejection (the turn runs again).
-        Session.CancelRequested,
-        Session.TurnCancelled,
-        Session.ToolCallApproved,
-        Session.ToolCallRejected,
-    )
-)
-
-# Events after which a turn may be finished (a ``?wait`` on it reads it again).
-ENDING_TOPICS = frozenset(
-    event.TOPIC
-    for event in (
-        Session.TurnCompleted,
-        Session.TurnFailed,
-        Session.TurnInterrupted,
-        Session.TurnAbandoned,
-        Session.TurnCancelled,
-    )
-)
-
-# The news a notification's hints carry (recorder.Hint), one letter each:
-# other processes act on it before their follower reads the log.
-WORK_MARK = "w"  # a turn to take (WORK_TOPICS): the worker
-ENDING_MARK = "e"  # a turn's end (ENDING_TOPICS): ``?wait``
-HINT_MARKS = {
-    topic: (WORK_MARK if topic in WORK_TOPICS else "")
-    + (ENDING_MARK if topic in ENDING_TOPICS else "")
-    for topic in WORK_TOPICS | ENDING_TOPICS
-}
-
-
 class Sessions(Application[UUID]):
     """Event-sourced sessions, stored in the namespace's schema."""
 
@@ -137,19 +79,11 @@ class Sessions(Application[UUID]):
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
-        self._earlier_cache: dict[UUID, tuple[int, int, Session]] = {}
-        self._earlier_lock = threading.Lock()
-        # The latest events of a session this process saved or read (a fast-forward
-        # of its cached object), in unbroken version order, oldest session first:
-        # a request or a turn's view rebuilt from them reads nothing back.
-        self._known: dict[UUID, list[Any]] = {}
-        # Told of each save of this process, once committed (waits on a turn's end).
-        self._on_saved: list[Callable[[UUID, Sequence[Any]], None]] = []
+        self.cache = SessionCache()
+        # The process's one news feed: told of each save of this process once it
+        # has committed, and of other processes' news by the follower (attach).
+        self.news = NewsFeed()
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
-        notifier = getattr(self.recorder, "notifier", None)
-        if notifier is not None:
-            notifier.deferrable = STEP_TOPICS
-            notifier.marks = HINT_MARKS
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.
@@ -182,24 +116,14 @@ class Sessions(Application[UUID]):
         superseded one loses nothing; the events are never touched.
         """
         recorder: Any = self.snapshots.recorder if self.snapshots is not None else None
-        if getattr(recorder, "datastore", None) is None:
+        if not session_log.on_postgres(recorder):
             return 0  # in-memory persistence (unit tests): nothing to prune
-        table = sql.SQL("{}.{}").format(
-            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
-        )
-        statement = sql.SQL(
-            "DELETE FROM {t} WHERE originator_id = %s AND originator_version < ("
-            " SELECT min(originator_version) FROM (SELECT originator_version FROM {t}"
-            " WHERE originator_id = %s ORDER BY originator_version DESC LIMIT %s) AS kept)"
-        ).format(t=table)
-        with recorder.datastore.transaction(commit=True) as curs:
-            curs.execute(statement, (session_id, session_id, self.snapshot_keep))
-            return int(curs.rowcount or 0)
+        return session_log.prune(recorder, session_id, self.snapshot_keep)
 
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
         for cls in (Turn, ToolCall, Step):
-            transcoder.register(_DataclassAsDict(cls))
+            transcoder.register(DataclassAsDict(cls))
 
     # ------------------------------------------------------------------ reads
 
@@ -209,7 +133,7 @@ class Sessions(Application[UUID]):
                 return project_aggregate(aggregate, events)
             read = list(events)  # a fast-forward of the cached object: keep what it read
             if read:
-                self._keep(session_id, read)
+                self.cache.keep(session_id, read)
             # As project_aggregate does, without its check of each event against a
             # typing Protocol (costly): these are this application's own events.
             for event in read:
@@ -249,8 +173,7 @@ class Sessions(Application[UUID]):
         """
         if first > last:
             return replay_turns(session_id, ())
-        with self._earlier_lock:
-            kept = _between(self._known.get(session_id, []), first - 1, last)
+        kept = self.cache.between(session_id, first - 1, last)
         if kept is not None:
             return replay_turns(session_id, kept)
         return replay_turns(session_id, self.events.get(session_id, gt=first - 1, lte=last))
@@ -342,13 +265,10 @@ class Sessions(Application[UUID]):
         serve the next: only the events after the last one read are fetched
         (the window moves forward, never back, unless it starts elsewhere).
         """
-        # Taken out while in use, so that the reads below hold no lock: every save of
-        # every session passes through ``_keep``.
-        with self._earlier_lock:
-            hit = self._earlier_cache.pop(session_id, None)
-            known = _between(self._known.get(session_id, []), hit[1], last) if hit else None
+        hit = self.cache.take_earlier(session_id)
         if hit is not None and hit[0] == first and hit[1] <= last:
             earlier = hit[2]
+            known = self.cache.between(session_id, hit[1], last)
             new: Iterable[Any] = known or ()
             if known is None:  # not all known here: read them
                 new = self.events.get(session_id, gt=hit[1], lte=last) if hit[1] < last else ()
@@ -357,53 +277,16 @@ class Sessions(Application[UUID]):
                     cast(Any, event).apply(earlier)
         else:
             earlier = self.replay_range(session_id, first, last)
-        with self._earlier_lock:
-            self._earlier_cache[session_id] = (first, last, earlier)
-            while len(self._earlier_cache) > EARLIER_CACHE_SIZE:
-                self._earlier_cache.pop(next(iter(self._earlier_cache)))
-            return earlier
-
-    def on_saved(self, listener: Callable[[UUID, Sequence[Any]], None]) -> None:
-        """Call ``listener(session_id, events)`` after each commit of this process's writes.
-
-        It runs on the writing thread, so it must be quick and must not raise.
-        Other processes' writes reach this one through its log follower only.
-        """
-        self._on_saved.append(listener)
-
-    def off_saved(self, listener: Callable[[UUID, Sequence[Any]], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._on_saved.remove(listener)
+        self.cache.put_earlier(session_id, first, last, earlier)
+        return earlier
 
     def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
-        """After every commit of this process's writes: keep them, then tell the listeners."""
+        """After every commit of this process's writes: keep them, then tell the news."""
         if events:
-            self._keep(session_id, list(events))
-        # The save has committed: a listener's failure must not make it look failed.
-        for listener in list(self._on_saved):
-            try:
-                listener(session_id, events)
-            except Exception:
-                log.exception("a listener of saves failed")
-
-    def _keep(self, session_id: UUID, events: list[Any]) -> None:
-        """Keep the latest events of a session, saved or read here (in version order).
-
-        They extend the kept run when they follow it; after a gap (another
-        process wrote what this one has not read) they begin a new run.
-        """
-        with self._earlier_lock:
-            kept = self._known.pop(session_id, [])  # put back last: the newest
-            if kept:
-                after = kept[-1].originator_version
-                events = [e for e in events if e.originator_version > after]
-                if events and events[0].originator_version != after + 1:
-                    kept = []
-            kept.extend(events)
-            del kept[:-KNOWN_EVENTS]
-            self._known[session_id] = kept
-            while len(self._known) > KNOWN_SESSIONS:
-                self._known.pop(next(iter(self._known)))
+            self.cache.keep(session_id, list(events))
+        # The save has committed: a listener's failure must not make it look failed
+        # (the feed catches what its listeners raise).
+        self.news.saved(session_id, events)
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries.
@@ -458,39 +341,18 @@ class Sessions(Application[UUID]):
         A worker running a tool asks it about twice a second to notice a cancel
         request without loading the session each time.
         """
-        recorder: Any = self.recorder
-        if getattr(recorder, "datastore", None) is None:
+        if not session_log.on_postgres(self.recorder):
             return self.get_session(session_id).version  # in-memory persistence (unit tests)
-        table = sql.SQL("{}.{}").format(
-            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
-        )
-        statement = sql.SQL(
-            "SELECT originator_version FROM {} WHERE originator_id = %s"
-            " ORDER BY originator_version DESC LIMIT 1"
-        ).format(table)
-        with recorder.datastore.get_connection() as conn:  # one statement: no BEGIN/COMMIT
-            row = conn.execute(statement, (session_id,)).fetchone()
-        return int(row["originator_version"]) if row else 0
+        return session_log.latest_version(self.recorder, session_id)
 
     def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
-        recorder: Any = self.recorder
-        table = sql.SQL("{}.{}").format(
-            sql.Identifier(recorder.datastore.schema), sql.Identifier(recorder.events_table_name)
-        )
-        statement = sql.SQL(
-            "SELECT originator_version, topic, state FROM {} WHERE originator_id = %s"
-            " AND topic = ANY(%s) ORDER BY originator_version"
-        ).format(table)
-        with recorder.datastore.transaction(commit=False) as curs:
-            curs.execute(statement, (session_id, topics))
-            rows = curs.fetchall()
         return [
             self.mapper.to_domain_event(
                 StoredEvent(
                     session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
                 )
             )
-            for r in rows
+            for r in session_log.rows_of_topics(self.recorder, session_id, topics)
         ]
 
     # --------------------------------------------------------------- commands
@@ -603,16 +465,6 @@ class Sessions(Application[UUID]):
         return [UUID(str(n.originator_id)) for n in notifications]
 
 
-def _between(events: list[Any], after: int, upto: int) -> list[Any] | None:
-    """The events with versions ``after+1..upto``, if ``events`` hold all of them."""
-    if after >= upto:
-        return []
-    chosen = [e for e in events if after < e.originator_version <= upto]
-    if len(chosen) != upto - after or chosen[0].originator_version != after + 1:
-        return None
-    return chosen
-
-
 def _span(entries: Sequence[list[Any]]) -> tuple[int, int]:
     """The version range holding every event of these finished turns.
 
@@ -629,34 +481,3 @@ def _ranges_unknown(session: Session) -> bool:
         (session.finished and not session.finished[0][2])
         or any(not t.first_version for t in session.turns)
     )
-
-
-class _DataclassAsDict(Transcoding):
-    """Stores a state dataclass (for snapshots) as a dict of its fields."""
-
-    def __init__(self, cls: type[Any]) -> None:
-        self.type = cls
-        self.name = f"turnlog.{cls.__name__}.v1"
-        self._fields = [f.name for f in dataclasses.fields(cls)]
-
-    def encode(self, obj: Any) -> dict[str, Any]:
-        return {name: _plain(getattr(obj, name)) for name in self._fields}
-
-    def decode(self, data: dict[str, Any]) -> Any:
-        obj = self.type(**data)
-        # Member lookup by value without the enum call's overhead (hot when a
-        # long session's snapshot is decoded).
-        if isinstance(obj, Turn):
-            obj.state = _TURN_STATES[obj.state]
-        elif isinstance(obj, ToolCall):
-            obj.state = _CALL_STATES[obj.state]
-        return obj
-
-
-_TURN_STATES: dict[str, TurnState] = {s.value: s for s in TurnState}
-_CALL_STATES: dict[str, CallState] = {s.value: s for s in CallState}
-
-
-def _plain(value: Any) -> Any:
-    # StrEnum members become plain strings; decode() turns them back.
-    return str(value) if isinstance(value, (TurnState, CallState)) else value

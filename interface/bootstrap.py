@@ -219,6 +219,7 @@ class Process:
         if role is None:
             return  # a one-shot command: read models on first use (``reads``)
         self.follower = LogFollower(runtime.sessions, runtime.db)
+        runtime.sessions.news.attach(self.follower)
         self.follower.start()
         reads = self.reads()
         if role.runs_projections:
@@ -237,7 +238,6 @@ class Process:
                 runtime,
                 OpenTurnsSource(reads),
                 self.worker_concurrency,
-                follower=self.follower,
             )
             summary = self.worker.start()
             with bound(worker_id=self.worker.worker_id):
@@ -263,6 +263,8 @@ class Process:
             self.supervisor = None
         if self.follower is not None:
             self.follower.stop()
+            if self.runtime is not None:
+                self.runtime.sessions.news.detach()
             self.follower = None
         self.read_models = None
         if self.runtime is not None:

@@ -7,16 +7,15 @@ died, re-run a safe call, or interrupt a turn whose unsafe call was in
 flight. Because the lease is a lock held by a live connection, a dead
 worker's turns become available the moment the server notices the death.
 
-Work is offered: by this process's own saves of an event of ``WORK_TOPICS``
-(a submit through its HTTP API, an approval …), the moment they commit; by
-the hints of another process's notification (``recorder.Hint``), the moment
-it arrives; and by the process's log follower (``application.store.follower``),
-whose page brings every such event again. Whichever comes first offers the
-session; the second is not offered again (a second offer of a session this
-worker already runs would run it again, for nothing, once it let go). One
-loop tries the offers, and every ``poll_interval`` seconds, whatever the
-offers, lists the open turns for the ones no offer names (a dead worker's
-turns, a turn refused earlier).
+Work is offered by the process's news feed (``application.news``): this
+process's own saves of an event of ``store.topics.WORK_TOPICS`` (a submit
+through its HTTP API, an approval …) the moment they commit, another
+process's notification hints the moment they arrive, and the log
+follower's pages, whichever brings a piece of work first; the feed tells it
+once (a second offer of a session this worker already runs would run it
+again, for nothing, once it let go). One loop tries the offers, and every
+``poll_interval`` seconds, whatever the offers, lists the open turns for the
+ones no offer names (a dead worker's turns, a turn refused earlier).
 """
 
 from __future__ import annotations
@@ -37,12 +36,10 @@ from turnlog.application.execution.cancel_watch import utc_now
 from turnlog.application.execution.leases import Lease, owner_alive
 from turnlog.application.execution.recovery import DONE, summarize
 from turnlog.application.log_context import bound
+from turnlog.application.news import News
 from turnlog.application.runtime import Runtime
-from turnlog.application.sessions import WORK_MARK, WORK_TOPICS
 from turnlog.application.store.database import connect
-from turnlog.application.store.follower import LogFollower
-from turnlog.application.store.logorder import LogPage
-from turnlog.application.store.recorder import Hint
+from turnlog.application.store.topics import WORK_MARK
 from turnlog.application.store.workers_registry import heartbeat, mark_stopped, register_worker
 from turnlog.domain.errors import DomainError
 from turnlog.domain.progress import Decision, Verdict, decide
@@ -67,9 +64,6 @@ class WorkSource(Protocol):
     def catch_up(self, timeout: float) -> bool:
         """Wait (bounded) until the source reflects the log's current head."""
         ...
-
-
-OFFERED_MAX = 10_000  # sessions whose last work event offered is remembered
 
 
 # Decisions about a turn whose owner died (not the start of a queued one): logged when done.
@@ -125,10 +119,8 @@ class Worker:
         source: WorkSource,
         concurrency: int = 4,
         poll_interval: float = 1.0,
-        follower: LogFollower | None = None,
     ) -> None:
         self.runtime = runtime
-        self.follower = follower
         self.source = source
         self.concurrency = concurrency
         self.poll_interval = poll_interval
@@ -138,8 +130,6 @@ class Worker:
         self._held: dict[str, Future[None]] = {}
         self._offers: set[str] = set()
         self._recheck: set[str] = set()  # offered while held: try again on release
-        # The highest version of a work event offered, by session.
-        self._offered: dict[str, int] = {}
         # Sessions whose turn failed unexpectedly here → (failures, not before).
         self._benched: dict[str, tuple[int, float]] = {}
         self._lock = threading.Lock()
@@ -159,11 +149,9 @@ class Worker:
         self.start_summary = summarize(verdicts)
         with bound(worker_id=self.worker_id):
             log.info("start-up check decided: %s", self.start_summary)
-        self.runtime.sessions.on_saved(self._offer_saved)
-        if self.follower is not None:
-            # Offered by hints and its own saves at once: the page is a safety net.
-            self.follower.subscribe(self._offer_page, prompt=False)
-            self.follower.subscribe_hints(self._offer_hints)
+        # Offered by hints and its own saves at once: the follower's pages are a
+        # safety net, so work never asks them to come promptly.
+        self.runtime.sessions.news.subscribe(self._offer_news, WORK_MARK)
         for target, name in (
             (self._dispatch, "dispatch"),
             (self._heartbeat, "heartbeat"),
@@ -196,10 +184,7 @@ class Worker:
         """
         self._stop.set()
         self._wake.set()
-        self.runtime.sessions.off_saved(self._offer_saved)
-        if self.follower is not None:
-            self.follower.unsubscribe(self._offer_page)
-            self.follower.unsubscribe_hints(self._offer_hints)
+        self.runtime.sessions.news.unsubscribe(self._offer_news)
         with self._lock:
             futures = list(self._held.values())
         done = _wait_all(futures, drain_timeout)
@@ -223,41 +208,10 @@ class Worker:
             self._offers.add(str(session_id))
         self._wake.set()
 
-    def _offer_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
-        """A save of this process just committed (on the saving thread): offer its work."""
-        versions = [e.originator_version for e in events if type(e).TOPIC in WORK_TOPICS]
-        if versions:
-            self._offer_once(str(session_id), versions[-1])
-
-    def _offer_hints(self, hints: Sequence[Hint]) -> None:
-        """Another process's notification (on the follower's thread): offer its work."""
-        for hint in hints:
-            if WORK_MARK in hint.marks:
-                self._offer_once(str(hint.session_id), hint.version)
-
-    def _offer_page(self, page: LogPage) -> None:
-        """The follower's new events (on its thread): offer the sessions that got work."""
-        versions: dict[str, int] = {}
-        for _, notification in page.records:
-            if notification.topic in WORK_TOPICS:
-                versions[str(notification.originator_id)] = notification.originator_version
-        for key, version in versions.items():
-            self._offer_once(key, version)
-
-    def _offer_once(self, key: str, version: int) -> None:
-        """Offer the session's work up to ``version``, unless it was offered already.
-
-        Each work event reaches this process twice (its save or another
-        process's hint, then the follower's page), in either order: the second
-        is not offered again, as that would run the session again for nothing.
-        """
-        with self._lock:
-            if version <= self._offered.get(key, 0):
-                return
-            if len(self._offered) >= OFFERED_MAX:  # forgotten: one more offer at most
-                self._offered.clear()
-            self._offered[key] = version
-        self.offer(key)
+    def _offer_news(self, news: Sequence[News]) -> None:
+        """Work in a session (the news feed tells each piece once): offer it."""
+        for item in news:
+            self.offer(item.session_id)
 
     def _dispatch(self) -> None:
         """The one loop: offers as they come, and the open turns every ``poll_interval``.

@@ -12,9 +12,9 @@ horizon it looks again every ``HELD_POLL`` seconds.
 
 The readers in a hurry (the worker, a ``?wait``) need not wait for that
 read: another process's notification carries hints (``recorder.Hint``: a
-turn to take, a turn's end, by session), handed to the hint subscribers the
-moment it arrives; this process's own saves told them already
-(``Sessions.on_saved``). So a wake-up whose every notification was told so
+turn to take, a turn's end, by session), handed to the hint subscribers (the
+news feed, ``application.news``) the moment it arrives; this process's own
+saves told the feed already. So a wake-up whose every notification was told so
 (ours, or with hints) waits up to ``GATHER`` for more before it reads, and
 one read covers a burst of commits; a notification that tells nothing (no
 hints: an older writer, or too many for one payload) is read at once. When

@@ -21,7 +21,7 @@ takes neither:
   held back until then (``Notifier.take_now``). Otherwise, and while the
   notifier's thread is sending one, the thread sends it, coalescing a burst
   of saves into one ``NOTIFY``; a save of a turn's middle steps only
-  (``Sessions.STEP_TOPICS``) waits up to ``DEFER`` there for the next one.
+  (``store.topics.STEP_TOPICS``) waits up to ``DEFER`` there for the next one.
   Notifications go on the namespace's own channel. Their payload names the sessions
   whose saves since the last one hold news somebody waits for (a turn to
   take, a turn's end: ``Hint``), so a listener can act on them before it
@@ -55,7 +55,7 @@ from psycopg import Connection, Cursor, InterfaceError, OperationalError
 from psycopg.sql import SQL
 
 from turnlog.application.errors import ApplicationError
-from turnlog.application.store import chain, logorder
+from turnlog.application.store import chain, logorder, topics
 from turnlog.application.store.database import rendered
 
 log = logging.getLogger("turnlog.recorder")
@@ -164,8 +164,9 @@ class Notifier:
         self._datastore = datastore
         self._channel = channel
         self.statement = rendered(SQL("SELECT pg_notify(%s, %s)"))  # (channel, payload)
-        self.deferrable: frozenset[str] = frozenset()
-        self.marks: dict[str, str] = {}
+        # The log's topic vocabulary (store.topics): which saves may wait, which hint what.
+        self.deferrable: frozenset[str] = topics.STEP_TOPICS
+        self.marks: dict[str, str] = dict(topics.HINT_MARKS)
         self._hints: dict[UUID, Hint] = {}  # for the next notification
         # Names this process in its payloads: its own follower tells them from
         # another process's by it (its saves told this process's readers already).

@@ -128,9 +128,9 @@ async def _start(state: AppState) -> bool:
         log.warning("database unreachable at start-up, retrying: %s", exc)
         return False
     state.start_error = None
-    follower, runtime = state.process.follower, state.process.runtime
-    assert follower is not None and runtime is not None
-    state.waits.attach(follower, runtime.sessions, asyncio.get_running_loop())
+    runtime = state.process.runtime
+    assert state.process.follower is not None and runtime is not None
+    state.waits.attach(runtime.sessions.news, asyncio.get_running_loop())
     return True
 
 

@@ -2,17 +2,16 @@
 
 Waking each waiter on each commit made each rebuild its session: 600
 clients on ``?wait=60`` cut session creation from 13 to 0.9 per second. So
-the process's one log follower (``application.store.follower``), which reads each
-new page of the log once, tells this object which sessions got events, and
-only their waiters (``?wait=`` and live event streams) wake to read again.
-A ``?wait`` on a turn wakes only for events that end a turn
-(``ENDING_TOPICS``), not for each step of it: a turn's six commits cost its waiter
-one read after the first, not six. The follower also polls, so a lost
-notification costs latency, never a wake-up. A turn's end wakes its waiters
-sooner, without waiting for the follower to read the log: from the save,
-when this process's own worker ended it (``Sessions.on_saved``), or from
-the hints of the notification another process sent (``recorder.Hint``,
-``LogFollower.subscribe_hints``). The number of concurrent waits
+the process's news feed (``application.news``) tells this object which
+sessions changed, and only their waiters (``?wait=`` and live event streams)
+wake to read again. A ``?wait`` on a turn wakes only for events that end a
+turn (``store.topics.ENDING_TOPICS``), not for each step of it: a turn's six
+commits cost its waiter one read after the first, not six. The follower
+behind the feed also polls, so a lost notification costs latency, never a
+wake-up. A turn's end comes sooner than the follower's read of the log: from
+the save, when this process's own worker ended it, or from the hints of the
+notification another process sent; the feed tells it once, from whichever
+came first. The number of concurrent waits
 is bounded per process like live streams: past it, 503 ``too_many_waits``
 with Retry-After.
 """
@@ -22,13 +21,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
 from uuid import UUID
 
-from turnlog.application.sessions import ENDING_MARK, ENDING_TOPICS, Sessions
-from turnlog.application.store.follower import LogFollower, sessions_of
-from turnlog.application.store.logorder import LogPage
-from turnlog.application.store.recorder import Hint
+from turnlog.application.news import News, NewsFeed
+from turnlog.application.store.topics import CHANGE_MARK, ENDING_MARK
 from turnlog.interface.problems import TooManyWaits
 
 # How often a waiter woken by nothing looks whether the server is draining.
@@ -79,55 +75,27 @@ class TurnWaits:
         self._ending_only: set[asyncio.Event] = set()
         self._streams = 0  # waiters woken by any change (live streams)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._follower: LogFollower | None = None
-        self._sessions: Sessions | None = None
+        self._news: NewsFeed | None = None
         self.woken = 0  # waiters woken so far, each to read its session again
 
-    def attach(
-        self, follower: LogFollower, sessions: Sessions, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        """Be told about new events; wake-ups run on ``loop``.
-
-        By ``follower``, of every process's events; by ``sessions``, sooner,
-        of a turn this process ended (its worker ran it): the waiter reads at
-        once after the commit instead of after the follower's read of the log.
-        """
+    def attach(self, news: NewsFeed, loop: asyncio.AbstractEventLoop) -> None:
+        """Be told by the news feed of turns' ends and changes; wake-ups run on ``loop``."""
         self.detach()
         self._loop = loop
-        self._follower, self._sessions = follower, sessions
-        # Pages are needed soon only by waiters of any change (live streams).
-        follower.subscribe(self._on_page, prompt=self._streaming)
-        follower.subscribe_hints(self._on_hints)
-        sessions.on_saved(self._on_saved)
+        self._news = news
+        # Changes are needed soon only by waiters of any change (live streams).
+        news.subscribe(self._on_news, ENDING_MARK + CHANGE_MARK, prompt=self._streaming)
 
     def detach(self) -> None:
-        if self._follower is not None:
-            self._follower.unsubscribe(self._on_page)
-            self._follower.unsubscribe_hints(self._on_hints)
-            self._follower = None
-        if self._sessions is not None:
-            self._sessions.off_saved(self._on_saved)
-            self._sessions = None
+        if self._news is not None:
+            self._news.unsubscribe(self._on_news)
+            self._news = None
 
-    def _on_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
-        """On the writing thread: a turn of a watched session ended here; wake its waiters."""
-        if session_id not in self._waiters or self._loop is None or self._loop.is_closed():
-            return
-        if any(type(event).TOPIC in ENDING_TOPICS for event in events):
-            self._loop.call_soon_threadsafe(self._wake, [session_id], {session_id})
-
-    def _on_hints(self, hints: Sequence[Hint]) -> None:
-        """On the follower's thread: another process ended a turn of a watched session."""
-        ended = {h.session_id for h in hints if ENDING_MARK in h.marks}
-        watched = [s for s in ended if s in self._waiters]
+    def _on_news(self, news: Sequence[News]) -> None:
+        """On the source's thread: hand the watched sessions with news to the loop."""
+        watched = list(dict.fromkeys(n.session_id for n in news if n.session_id in self._waiters))
         if watched and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._wake, watched, ended)
-
-    def _on_page(self, page: LogPage) -> None:
-        """On the follower's thread: hand the watched sessions that changed to the loop."""
-        watched = [s for s in sessions_of(page) if s in self._waiters]
-        if watched and self._loop is not None and not self._loop.is_closed():
-            ended = set(sessions_of(page, ENDING_TOPICS))
+            ended = {n.session_id for n in news if n.mark == ENDING_MARK}
             self._loop.call_soon_threadsafe(self._wake, watched, ended)
 
     def _streaming(self) -> bool:

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from tests.api.conftest import APPEND, interrupt_a_turn, new_session, problem, run_queued_turn
 from tests.deadlines import poll, scaled
 from turnlog.application.runtime import Runtime
-from turnlog.application.sessions import WORK_MARK
 from turnlog.application.settings import Settings
 from turnlog.application.store.logorder import Place
 from turnlog.application.store.recorder import Hint
+from turnlog.application.store.topics import WORK_MARK
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import build_runtime
 
@@ -105,14 +105,14 @@ def test_a_wait_on_a_turn_this_process_ran_is_woken_by_the_save_that_ended_it(
     full: TestClient,
 ) -> None:
     state = full.app.state.turnlog  # type: ignore[attr-defined]
-    follower = state.process.follower
-    follower.unsubscribe(state.waits._on_page)  # only this process's own saves can wake it now
+    follower, news = state.process.follower, state.process.runtime.sessions.news
+    news.detach()  # only this process's own saves can wake it now
     try:
         sid = new_session(full)
         woken = state.waits.woken
         response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
     finally:
-        follower.subscribe(state.waits._on_page, prompt=state.waits._streaming)
+        news.attach(follower)
 
     assert response.status_code == 200
     assert response.json()["state"] == "completed"
@@ -124,8 +124,8 @@ def test_a_wait_on_a_turn_another_process_ran_is_woken_by_the_hint_of_its_end(
 ) -> None:
     # ``runtime`` is the other process here: its notifications come from its own pool.
     state = api.app.state.turnlog  # type: ignore[attr-defined]
-    follower = state.process.follower
-    follower.unsubscribe(state.waits._on_page)  # no page can wake it: only the hint
+    follower, news = state.process.follower, state.process.runtime.sessions.news
+    follower.unsubscribe(news.page)  # no page can wake it: only the hint
     sid = new_session(api)
     answered: list[tuple[int, str]] = []
 
@@ -142,7 +142,7 @@ def test_a_wait_on_a_turn_another_process_ran_is_woken_by_the_hint_of_its_end(
         run_queued_turn(runtime, sid)  # the other process runs it and ends it
         waiting.join(scaled(30))
     finally:
-        follower.subscribe(state.waits._on_page, prompt=state.waits._streaming)
+        news.attach(follower)
 
     assert answered == [(200, "completed")]  # before the deadline
     assert state.waits.woken == woken + 1
@@ -158,13 +158,14 @@ def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
 ) -> None:
     state = full.app.state.turnlog  # type: ignore[attr-defined]
     worker, follower, read = state.process.worker, state.process.follower, state.process.reads()
+    news = state.process.runtime.sessions.news
     offered: list[str] = []
     offer = worker.offer
     worker.offer = lambda session_id: (offered.append(str(session_id)), offer(session_id))[1]
     # The follower's page is handed to the worker below, once the submit's save has
     # told the worker: the order it has unless the saving thread stalls for longer
     # than the follower waits and reads (then the session is offered twice).
-    follower.unsubscribe(worker._offer_page)
+    follower.unsubscribe(news.page)
     try:
         sid = new_session(full)
         response = full.post(f"/v1/sessions/{sid}/turns?wait=10", json={"message": "hello"})
@@ -182,9 +183,9 @@ def test_a_turn_submitted_here_is_offered_to_this_process_s_worker_once(
             "the submit below the horizon",
         )
         assert [n.topic for _, n in page.records].count(Session.TurnSubmitted.TOPIC) == 1
-        worker._offer_page(page)  # the follower's page: the same submit again
+        news.page(page)  # the follower's page: the same submit again
     finally:
-        follower.subscribe(worker._offer_page, prompt=False)
+        news.attach(follower)
         del worker.offer
     assert offered == [sid]  # no second offer (it ran the session again after the turn)
 
@@ -195,24 +196,23 @@ def test_work_hinted_by_another_process_is_offered_once_whatever_comes_first(
 ) -> None:
     state = full.app.state.turnlog  # type: ignore[attr-defined]
     worker, follower, read = state.process.worker, state.process.follower, state.process.reads()
+    news = state.process.runtime.sessions.news
     offered: list[str] = []
-    worker.offer = offered.append  # told, not run: this test hands the offers over itself
-    follower.unsubscribe(worker._offer_page)
-    follower.unsubscribe_hints(worker._offer_hints)
+    worker.offer = lambda session_id: offered.append(str(session_id))  # told, not run
+    news.detach()  # this test hands the news over itself
     try:
         sid = str(runtime.sessions.create_session(title="elsewhere").session_id)
         submitted = runtime.sessions.submit_turn(UUID(sid), "hello")  # another process's
         page = read.events.read(Place.start(), 1000)
         hints = [Hint(UUID(sid), WORK_MARK, submitted.version)]
         if hint_first:
-            worker._offer_hints(hints)
-            worker._offer_page(page)
+            news.hints(hints)
+            news.page(page)
         else:
-            worker._offer_page(page)
-            worker._offer_hints(hints)
+            news.page(page)
+            news.hints(hints)
     finally:
-        follower.subscribe(worker._offer_page, prompt=False)
-        follower.subscribe_hints(worker._offer_hints)
+        news.attach(follower)
         del worker.offer
     assert offered == [sid]
 

@@ -15,10 +15,10 @@ from psycopg import sql
 
 from tests.deadlines import poll, scaled
 from turnlog.application.runtime import Runtime
-from turnlog.application.sessions import ENDING_MARK, WORK_MARK
 from turnlog.application.settings import Settings
 from turnlog.application.store.follower import LogFollower
 from turnlog.application.store.recorder import Hint, notice_of, payload_of
+from turnlog.application.store.topics import ENDING_MARK, WORK_MARK
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import Process, build_process
 from turnlog.interface.roles import Role

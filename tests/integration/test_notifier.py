@@ -13,8 +13,8 @@ from psycopg import sql
 
 from tests.deadlines import poll, scaled
 from turnlog.application.runtime import Runtime
-from turnlog.application.sessions import ENDING_MARK, STEP_TOPICS, WORK_MARK
 from turnlog.application.store.recorder import Hint, notice_of
+from turnlog.application.store.topics import ENDING_MARK, STEP_TOPICS, WORK_MARK
 from turnlog.domain.session import Session
 
 

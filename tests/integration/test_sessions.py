@@ -12,9 +12,11 @@ from psycopg import sql
 
 from tests.conftest import raw_events
 from turnlog.application.errors import ConcurrentModification, InvalidNamespace, SessionNotFound
+from turnlog.application.news import News
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
+from turnlog.application.store.topics import CHANGE_MARK, WORK_MARK
 from turnlog.domain import errors
 from turnlog.domain.session import Session
 from turnlog.interface.bootstrap import build_runtime
@@ -236,29 +238,31 @@ def test_the_turn_a_run_returns_equals_its_stored_record(runtime: Runtime, messa
         assert ran == runtime.sessions.turn_record(session.id, submitted.turn_id)[1]
 
 
-def test_each_committed_save_is_told_to_listeners_and_a_failing_one_fails_nothing(
+def test_each_committed_save_is_told_to_the_news_and_a_failing_listener_fails_nothing(
     runtime: Runtime,
 ) -> None:
-    told: list[tuple[UUID, list[str]]] = []
+    told: list[tuple[UUID, str, int]] = []
 
-    def broken(session_id: UUID, events: Sequence[Any]) -> None:
+    def broken(news: Sequence[News]) -> None:
         raise RuntimeError("a listener's own bug")
 
-    def listener(session_id: UUID, events: Sequence[Any]) -> None:
-        told.append((session_id, [type(e).__name__ for e in events]))
+    def listener(news: Sequence[News]) -> None:
+        told.extend((n.session_id, n.mark, n.version) for n in news)
 
-    runtime.sessions.on_saved(broken)
-    runtime.sessions.on_saved(listener)
+    feed = runtime.sessions.news
+    feed.subscribe(broken, CHANGE_MARK)
+    feed.subscribe(listener, CHANGE_MARK + WORK_MARK)
     try:
         written = runtime.sessions.create_session(title="told")
         submitted = runtime.sessions.submit_turn(written.session_id, "hello")
     finally:
-        runtime.sessions.off_saved(broken)
-        runtime.sessions.off_saved(listener)
+        feed.unsubscribe(broken)
+        feed.unsubscribe(listener)
     runtime.sessions.submit_turn(written.session_id, "later", enqueue=True)  # after: not told
 
+    sid = written.session_id
     assert submitted.created
-    assert told == [(written.session_id, ["Started"]), (written.session_id, ["TurnSubmitted"])]
+    assert told == [(sid, CHANGE_MARK, 1), (sid, WORK_MARK, 2), (sid, CHANGE_MARK, 2)]
     assert len(runtime.sessions.get_session(written.session_id).turns) == 2
 
 

@@ -6,7 +6,8 @@ from uuid import uuid4
 
 import pytest
 
-from turnlog.application.sessions import (
+from turnlog.application.store.recorder import MAX_PAYLOAD, Hint, Notice, notice_of, payload_of
+from turnlog.application.store.topics import (
     ENDING_MARK,
     ENDING_TOPICS,
     HINT_MARKS,
@@ -14,7 +15,6 @@ from turnlog.application.sessions import (
     WORK_MARK,
     WORK_TOPICS,
 )
-from turnlog.application.store.recorder import MAX_PAYLOAD, Hint, Notice, notice_of, payload_of
 from turnlog.domain.session import Session
 
 ORIGIN = "0123456789abcdef"
