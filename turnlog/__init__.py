@@ -27,6 +27,7 @@ _LAZY = {
     "AsyncClient": "turnlog.interface.client",
     "RetryPolicy": "turnlog.interface.client",
     "TurnlogError": "turnlog.interface.client",
+    "TurnWaitTimeout": "turnlog.interface.client",
     "ApiError": "turnlog.interface.client",
     "NotATurnlogServer": "turnlog.interface.client",
     "ServerUnreachable": "turnlog.interface.client",
@@ -41,6 +42,7 @@ __all__ = [
     "NotATurnlogServer",
     "RetryPolicy",
     "ServerUnreachable",
+    "TurnWaitTimeout",
     "TurnlogError",
     "__version__",
     "models",
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
         RetryPolicy,
         ServerUnreachable,
         TurnlogError,
+        TurnWaitTimeout,
         models,
     )
 

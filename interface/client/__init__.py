@@ -11,6 +11,7 @@ from turnlog.interface.client.errors import (
     NotATurnlogServer,
     ServerUnreachable,
     TurnlogError,
+    TurnWaitTimeout,
 )
 from turnlog.interface.client.sync import Client
 
@@ -21,5 +22,6 @@ __all__ = [
     "NotATurnlogServer",
     "RetryPolicy",
     "ServerUnreachable",
+    "TurnWaitTimeout",
     "TurnlogError",
 ]

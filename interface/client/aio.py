@@ -11,19 +11,33 @@ import httpx
 from pydantic import BaseModel
 
 from turnlog.interface.client import calls
-from turnlog.interface.client.calls import Call, RetryPolicy, SessionRef, SseParser
-from turnlog.interface.client.errors import ApiError, ServerUnreachable
+from turnlog.interface.client.calls import (
+    ApprovalPolicy,
+    Call,
+    RetryPolicy,
+    SessionPolicies,
+    SessionRef,
+    SseParser,
+)
+from turnlog.interface.client.errors import ApiError, ServerUnreachable, TurnWaitTimeout
 from turnlog.interface.client.models import (
     CancelWritten,
     Delta,
     Event,
     EventsPage,
+    Health,
+    ModelRequest,
     OpenTurnRow,
+    OpenTurnsSummary,
+    OpenTurnState,
     Page,
     Projections,
+    Ready,
     Session,
     SessionRow,
+    SessionStatus,
     SessionWritten,
+    ToolCallActivity,
     ToolCallRow,
     Turn,
     TurnWritten,
@@ -103,18 +117,39 @@ class AsyncClient:
         metadata: Mapping[str, Any] | None = None,
         created_by: str = "",
         idempotency_key: str | None = None,
+        context_max_turns: int | None = None,
+        context_max_chars: int | None = None,
+        approval_policy: ApprovalPolicy | None = None,
+        deadline_seconds: float | None = None,
     ) -> SessionWritten:
-        """Create a session (with a generated Idempotency-Key unless one is given)."""
+        """Create a session (with a generated Idempotency-Key unless one is given).
+
+        ``context_max_turns`` / ``context_max_chars``: the context-window policy
+        (the oldest turns are summarised first); ``approval_policy``: which tool
+        calls wait for an operator; ``deadline_seconds``: each turn's default
+        deadline. None leaves each to the server's default.
+        """
+        policies = SessionPolicies(
+            context_max_turns, context_max_chars, approval_policy, deadline_seconds
+        )
         return await self._send(
             calls.create_session(
-                title, system_prompt, provider, model, tools, metadata, created_by, idempotency_key
+                title,
+                system_prompt,
+                provider,
+                model,
+                tools,
+                metadata,
+                created_by,
+                idempotency_key,
+                policies,
             )
         )
 
     async def list_sessions(
         self,
         *,
-        status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+        status: SessionStatus | None = None,
         limit: int = 50,
         cursor: str | None = None,
         min_position: int | None = None,
@@ -125,7 +160,7 @@ class AsyncClient:
     async def iter_sessions(
         self,
         *,
-        status: Literal["idle", "busy", "blocked", "closed"] | None = None,
+        status: SessionStatus | None = None,
         page_size: int = 100,
         min_position: int | None = None,
     ) -> AsyncIterator[SessionRow]:
@@ -160,10 +195,19 @@ class AsyncClient:
         *,
         wait: float | None = None,
         idempotency_key: str | None = None,
+        enqueue: bool = False,
+        deadline_seconds: float | None = None,
     ) -> TurnWritten:
         """Submit a user message; with ``wait`` (up to 60 s) return the finished turn if it
-        finishes in time. A generated Idempotency-Key makes a lost answer safe to retry."""
-        return await self._send(calls.submit_turn(session_id, message, wait, idempotency_key))
+        finishes in time. A generated Idempotency-Key makes a lost answer safe to retry.
+
+        ``enqueue``: queue it behind a queued or running turn (``?multitask=enqueue``)
+        instead of being refused; ``deadline_seconds``: when the runtime cancels it.
+        """
+        call = calls.submit_turn(
+            session_id, message, wait, idempotency_key, enqueue, deadline_seconds
+        )
+        return await self._send(call)
 
     async def list_turns(
         self, session_id: SessionRef, *, limit: int = 20, cursor: str | None = None
@@ -177,10 +221,15 @@ class AsyncClient:
     async def wait_for_turn(
         self, session_id: SessionRef, turn_id: str, timeout: float = 60.0
     ) -> Turn:
-        """Ask for the turn until it stops moving on its own (or ``timeout`` passes)."""
+        """Ask for the turn until it stops moving on its own; ``TurnWaitTimeout`` after ``timeout``.
+
+        The error holds the turn as last seen: it goes on running on the server.
+        """
         turn = await self.get_turn(session_id, turn_id)
         deadline = time.monotonic() + timeout
-        while not turn.finished and time.monotonic() < deadline:
+        while not turn.finished:
+            if time.monotonic() >= deadline:
+                raise TurnWaitTimeout(turn, timeout)
             await asyncio.sleep(0.2)
             turn = await self.get_turn(session_id, turn_id)
         return turn
@@ -308,7 +357,7 @@ class AsyncClient:
     async def open_turns(
         self,
         *,
-        state: Literal["queued", "running", "interrupted"] | None = None,
+        state: OpenTurnState | None = None,
         limit: int = 50,
         cursor: str | None = None,
         min_position: int | None = None,
@@ -328,6 +377,36 @@ class AsyncClient:
         return await self._send(
             calls.tool_calls(status, session_id, tool, limit, cursor, min_position)
         )
+
+    async def get_request(self, session_id: SessionRef, version: int) -> ModelRequest:
+        """The model request the runtime would have sent at ``version`` (incident review)."""
+        return await self._send(calls.get_request(session_id, version))
+
+    async def open_turns_summary(self, *, min_position: int | None = None) -> OpenTurnsSummary:
+        """Open turns counted by state, with the oldest of each."""
+        return await self._send(calls.open_turns_summary(min_position))
+
+    async def tool_call_activity(
+        self,
+        *,
+        window_seconds: float | None = None,
+        buckets: int | None = None,
+        min_position: int | None = None,
+    ) -> ToolCallActivity:
+        """Tool calls requested in a recent window (default: an hour), by state and bucket."""
+        return await self._send(calls.tool_call_activity(window_seconds, buckets, min_position))
+
+    async def health(self) -> Health:
+        """Whether the process answers (``/healthz``)."""
+        return await self._send(calls.health())
+
+    async def ready(self) -> Ready:
+        """Whether the process serves its role (``/readyz``); not ready raises ``ApiError`` 503."""
+        return await self._send(calls.ready())
+
+    async def metrics(self) -> str:
+        """The Prometheus metrics text (``/metrics``)."""
+        return (await self._send(calls.metrics())).text
 
     async def workers(self) -> Workers:
         return await self._send(calls.workers())

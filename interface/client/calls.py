@@ -14,7 +14,7 @@ import random
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -27,12 +27,18 @@ from turnlog.interface.client.models import (
     Delta,
     Event,
     EventsPage,
+    Health,
+    Metrics,
+    ModelRequest,
     OpenTurnRow,
+    OpenTurnsSummary,
     Page,
     Projections,
+    Ready,
     Session,
     SessionRow,
     SessionWritten,
+    ToolCallActivity,
     ToolCallRow,
     Turn,
     TurnWritten,
@@ -40,6 +46,35 @@ from turnlog.interface.client.models import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+
+# Each route of the API → the method of both clients that calls it (a test
+# holds this against the server's /openapi.json).
+ROUTES: dict[tuple[str, str], str] = {
+    ("GET", "/healthz"): "health",
+    ("GET", "/readyz"): "ready",
+    ("GET", "/metrics"): "metrics",
+    ("POST", "/v1/sessions"): "create_session",
+    ("GET", "/v1/sessions"): "list_sessions",
+    ("GET", "/v1/sessions/{session_id}"): "get_session",
+    ("POST", "/v1/sessions/{session_id}/close"): "close_session",
+    ("GET", "/v1/sessions/{session_id}/turns"): "list_turns",
+    ("POST", "/v1/sessions/{session_id}/turns"): "submit_turn",
+    ("GET", "/v1/sessions/{session_id}/request"): "get_request",
+    ("GET", "/v1/sessions/{session_id}/turns/{turn_id}"): "get_turn",
+    ("POST", "/v1/sessions/{session_id}/turns/{turn_id}/abandon"): "abandon_turn",
+    ("POST", "/v1/sessions/{session_id}/turns/{turn_id}/cancel"): "cancel_turn",
+    ("POST", "/v1/sessions/{session_id}/tool-calls/{call_id}/resolve"): "resolve_tool_call",
+    ("POST", "/v1/sessions/{session_id}/tool-calls/{call_id}/approve"): "approve_call",
+    ("POST", "/v1/sessions/{session_id}/tool-calls/{call_id}/reject"): "reject_call",
+    ("GET", "/v1/sessions/{session_id}/events"): "events",
+    ("GET", "/v1/open-turns"): "open_turns",
+    ("GET", "/v1/open-turns/summary"): "open_turns_summary",
+    ("GET", "/v1/tool-calls"): "tool_calls",
+    ("GET", "/v1/tool-calls/activity"): "tool_call_activity",
+    ("GET", "/v1/workers"): "workers",
+    ("GET", "/v1/projections"): "projections",
+}
+ApprovalPolicy = Literal["none", "side_effecting", "all"]
 RETRY_STATUSES = frozenset({502, 503, 504})
 SessionRef = UUID | str
 
@@ -56,6 +91,7 @@ class Call(Generic[M]):
     headers: dict[str, str] = field(default_factory=dict)
     safe: bool = False  # may be sent again when its answer is lost
     timeout: float | None = None  # beyond the client's own, e.g. for ?wait=
+    text: bool = False  # the answer is text (``/metrics``): the model holds it as ``text``
 
     def request_kwargs(self) -> dict[str, Any]:
         params = {k: v for k, v in self.params.items() if v is not None}
@@ -63,6 +99,27 @@ class Call(Generic[M]):
         if self.body is not None:
             kwargs["json"] = self.body
         return kwargs
+
+
+@dataclass(frozen=True)
+class SessionPolicies:
+    """A new session's policies; None leaves each to the server's default."""
+
+    context_max_turns: int | None = None
+    context_max_chars: int | None = None
+    approval_policy: ApprovalPolicy | None = None
+    deadline_seconds: float | None = None
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {}
+        context = {"max_turns": self.context_max_turns, "max_chars": self.context_max_chars}
+        if any(v is not None for v in context.values()):
+            body["context"] = {k: v for k, v in context.items() if v is not None}
+        if self.approval_policy is not None:
+            body["approval_policy"] = self.approval_policy
+        if self.deadline_seconds is not None:
+            body["deadline_seconds"] = self.deadline_seconds
+        return body
 
 
 @dataclass(frozen=True)
@@ -130,6 +187,8 @@ def decode(call: Call[M], response: httpx.Response) -> M:
     if response.status_code >= 400:
         raise problem_of(response)
     ctype = response.headers.get("content-type", "")
+    if call.text and ctype.startswith("text/plain"):
+        return call.model.model_validate({"text": response.text})
     if not ctype.startswith("application/json"):
         raise _not_turnlog(response, f"answered with {ctype or 'no content type'}, not JSON")
     try:
@@ -156,19 +215,16 @@ def create_session(
     metadata: Mapping[str, Any] | None,
     created_by: str,
     idempotency_key: str | None,
+    policies: SessionPolicies | None = None,
 ) -> Call[SessionWritten]:
     body: dict[str, Any] = {
         "title": title,
         "system_prompt": system_prompt,
         "created_by": created_by,
     }
-    body.update(
-        {
-            k: v
-            for k, v in (("provider", provider), ("model", model), ("tools", tools))
-            if v is not None
-        }
-    )
+    chosen = (("provider", provider), ("model", model), ("tools", tools))
+    body.update({k: v for k, v in chosen if v is not None})
+    body.update((policies or SessionPolicies()).body())
     body["metadata"] = dict(metadata or {})
     key = idempotency_key or uuid.uuid4().hex
     return Call(
@@ -198,15 +254,23 @@ def close_session(session_id: SessionRef, actor: str, reason: str) -> Call[Sessi
 
 
 def submit_turn(
-    session_id: SessionRef, message: str, wait: float | None, idempotency_key: str | None
+    session_id: SessionRef,
+    message: str,
+    wait: float | None,
+    idempotency_key: str | None,
+    enqueue: bool = False,
+    deadline_seconds: float | None = None,
 ) -> Call[TurnWritten]:
     key = idempotency_key or uuid.uuid4().hex
+    body: dict[str, Any] = {"message": message}
+    if deadline_seconds is not None:
+        body["deadline_seconds"] = deadline_seconds
     return Call(
         "POST",
         f"/v1/sessions/{_sid(session_id)}/turns",
         TurnWritten,
-        params={"wait": wait},
-        body={"message": message},
+        params={"wait": wait, "multitask": "enqueue" if enqueue else None},
+        body=body,
         headers={"Idempotency-Key": key},
         safe=True,  # the key makes a repeat return the turn the first one created
         timeout=wait,
@@ -297,6 +361,35 @@ def tool_calls(
         "min_position": min_position,
     }
     return Call("GET", "/v1/tool-calls", Page[ToolCallRow], params=params, safe=True)
+
+
+def get_request(session_id: SessionRef, version: int | None) -> Call[ModelRequest]:
+    path = f"/v1/sessions/{_sid(session_id)}/request"
+    return Call("GET", path, ModelRequest, params={"version": version}, safe=True)
+
+
+def open_turns_summary(min_position: int | None) -> Call[OpenTurnsSummary]:
+    params = {"min_position": min_position}
+    return Call("GET", "/v1/open-turns/summary", OpenTurnsSummary, params=params, safe=True)
+
+
+def tool_call_activity(
+    window_seconds: float | None, buckets: int | None, min_position: int | None
+) -> Call[ToolCallActivity]:
+    params = {"window_seconds": window_seconds, "buckets": buckets, "min_position": min_position}
+    return Call("GET", "/v1/tool-calls/activity", ToolCallActivity, params=params, safe=True)
+
+
+def health() -> Call[Health]:
+    return Call("GET", "/healthz", Health, safe=True)
+
+
+def ready() -> Call[Ready]:
+    return Call("GET", "/readyz", Ready, safe=True)
+
+
+def metrics() -> Call[Metrics]:
+    return Call("GET", "/metrics", Metrics, safe=True, text=True)
 
 
 def workers() -> Call[Workers]:

@@ -3,12 +3,16 @@
 TurnlogError
 ├── ApiError            the server answered with a problem (RFC 9457); ``code`` is stable
 ├── NotATurnlogServer   the URL answered, but not as a turnlog server does
-└── ServerUnreachable   no answer (connection refused, reset, timed out) after the retries
+├── ServerUnreachable   no answer (connection refused, reset, timed out) after the retries
+└── TurnWaitTimeout     ``wait_for_turn``: the turn was still moving when the time ran out
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from turnlog.interface.client.models import Turn
 
 
 class TurnlogError(Exception):
@@ -45,3 +49,15 @@ class NotATurnlogServer(TurnlogError):
 
 class ServerUnreachable(TurnlogError):
     """The server gave no answer, even after the retries that were safe."""
+
+
+class TurnWaitTimeout(TurnlogError):
+    """``wait_for_turn`` gave up: the turn had not finished; ``turn`` is how it was last seen."""
+
+    def __init__(self, turn: Turn, timeout: float) -> None:
+        self.turn = turn
+        self.timeout = timeout
+        super().__init__(
+            f"turn {turn.turn_id} still {turn.state} after {timeout:g}s;"
+            " it goes on: wait again, or cancel it"
+        )

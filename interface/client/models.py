@@ -361,6 +361,59 @@ class ModelRequest(Model):
     messages: list[RequestMessage]
 
 
+class OpenTurnStateCount(Model):
+    """How many turns are open in one state, and since when the oldest of them."""
+
+    state: OpenTurnState
+    count: int
+    oldest_submitted_at: datetime | None
+
+
+class OpenTurnsSummary(Model):
+    """Open turns by state (from the open-turns read model)."""
+
+    items: list[OpenTurnStateCount]
+
+
+class ActivityBucket(Model):
+    """Tool calls requested within one bucket of the window, by their current state."""
+
+    start: datetime
+    by_state: dict[CallState, int]
+    total: int
+
+
+class ToolCallActivity(Model):
+    """Tool calls requested in a recent window, by current state, overall and per bucket."""
+
+    since: datetime
+    until: datetime
+    bucket_seconds: float
+    by_state: dict[CallState, int]
+    buckets: list[ActivityBucket]
+
+
+class Health(Model):
+    """The process answers (``/healthz``)."""
+
+    status: Literal["ok"]
+
+
+class Ready(Model):
+    """The process serves its role (``/readyz``); a 503 raises ``ApiError`` instead."""
+
+    status: Literal["ready"]
+    role: str
+    checks: dict[str, bool]
+    horizon: dict[str, Any] | None = None
+
+
+class Metrics(Model):
+    """The Prometheus text exposition of ``/metrics``, as it came."""
+
+    text: str
+
+
 OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Step: "StepOut",
     ProbeRun: "ProbeRunOut",
@@ -389,4 +442,10 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Projections: "ProjectionsOut",
     RequestMessage: "RequestMessageOut",
     ModelRequest: "ModelRequestOut",
+    OpenTurnStateCount: "OpenTurnStateOut",
+    OpenTurnsSummary: "OpenTurnsSummaryOut",
+    ActivityBucket: "ActivityBucketOut",
+    ToolCallActivity: "ToolCallActivityOut",
+    Health: "HealthOut",
+    Ready: "ReadyOut",
 }
