@@ -33,6 +33,8 @@ def test_a_submitted_turn_is_stored_before_the_202_answer(
     assert body["session_id"] == sid
     assert body["message"] == "hello"
     assert body["position"] > 0
+    assert response.headers["location"] == f"/v1/sessions/{sid}/turns/{body['turn_id']}"
+    assert api.get(response.headers["location"]).json()["turn_id"] == body["turn_id"]
     # Another process (a fresh runtime) sees the queued turn in the log.
     other = build_runtime(settings)
     try:
@@ -225,6 +227,7 @@ def test_wait_answers_202_with_the_current_state_at_the_deadline(api: TestClient
 
     assert response.status_code == 202
     assert response.json()["state"] == "queued"
+    assert response.headers["location"].endswith(f"/turns/{response.json()['turn_id']}")
     assert 0.3 <= time.monotonic() - started < scaled(5)
 
 

@@ -71,12 +71,12 @@ async def submit_turn(
     """Submit a user message as a new turn.
 
     The turn is stored before the answer: 202 with the queued turn and the
-    log position of its submission. With `?wait=S` the answer waits up to S
-    seconds for the turn to finish (completed, failed, interrupted, abandoned,
-    cancelled) and is
-    200 with the finished turn, or 202 with its current state at the deadline;
-    when every wait slot of the server is taken it is refused before anything
-    is written (503 `too_many_waits`, with Retry-After).
+    log position of its submission, and `Location` naming the turn. With
+    `?wait=S` the answer waits up to S seconds for the turn to finish
+    (completed, failed, interrupted, abandoned, cancelled) and is 200 with the
+    finished turn, or 202 with its current state at the deadline; when every
+    wait slot of the server is taken it is refused before anything is written
+    (503 `too_many_waits`, with Retry-After).
 
     Refused with 409 while a turn is queued or running (`turn_in_progress`)
     unless `?multitask=enqueue`, when it is interrupted (`unresolved_turn`,
@@ -123,6 +123,8 @@ async def submit_turn(
             )
             if finished:
                 response.status_code = 200
+        if response.status_code != 200:  # 202: where to ask for the turn from now on
+            response.headers["Location"] = f"/v1/sessions/{session_id}/turns/{submitted.turn_id}"
     finally:
         if watching is not None:
             state.waits.unwatch(session_id, watching)
