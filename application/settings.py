@@ -109,6 +109,11 @@ class Settings(BaseSettings):
         default=None,
         description="Comma-separated Python modules whose `@turnlog.tool` functions are offered.",
     )
+    provider_modules: str | None = Field(
+        default=None,
+        description="Comma-separated `module:factory` names of your own model providers"
+        " (factory default: `provider`), besides the `turnlog.providers` entry points.",
+    )
     default_tools: str | None = Field(
         default=None,
         description="Tools of a new session that names none, comma-separated (empty: none)."

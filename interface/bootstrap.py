@@ -26,7 +26,12 @@ from turnlog.application.execution.worker import OpenTurnRef, Worker
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer
 from turnlog.application.providers.openai_compatible import OpenAIConfig, OpenAIProvider
-from turnlog.application.providers.port import FixtureProvider, ProviderRegistry
+from turnlog.application.providers.plugins import (
+    ProviderContext,
+    entry_point_tool_modules,
+    plugin_providers,
+)
+from turnlog.application.providers.port import FixtureProvider, Provider, ProviderRegistry
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings, split_names
@@ -97,7 +102,7 @@ def python_tool_modules(settings: Settings) -> list[str]:
             raise ConfigurationError(
                 f"tools file {settings.tools_file}: modules must be a list of module names"
             )
-    return module_names(settings.tool_modules, listed)
+    return module_names(settings.tool_modules, [*listed, *entry_point_tool_modules()])
 
 
 def approval_tools(settings: Settings, tools: ToolRegistry) -> frozenset[str]:
@@ -120,9 +125,15 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
         backoff=settings.openai_retry_backoff,
         max_delay=settings.openai_retry_max_delay,
     )
-    return ProviderRegistry(
-        [FixtureProvider(), OpenAIProvider(openai, tools.specs)], default=settings.provider
-    )
+    built_in: list[Provider] = [FixtureProvider(), OpenAIProvider(openai, tools.specs)]
+    context = ProviderContext(tool_specs=tools.specs, default_model=settings.model)
+    plugins = plugin_providers(settings.provider_modules, context, [p.name for p in built_in])
+    registry = ProviderRegistry([*built_in, *plugins], default=settings.provider)
+    if settings.provider not in registry.names():
+        raise ConfigurationError(
+            f"TURNLOG_PROVIDER names {settings.provider!r}; the providers are {registry.names()}"
+        )
+    return registry
 
 
 def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runtime:
