@@ -35,7 +35,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ from turnlog.domain.request import Message, ModelRequest
 
 if TYPE_CHECKING:  # imported on first use: every turnlog command would pay for it
     import httpx
+from httpx_sse import EventSource
 
 log = logging.getLogger("turnlog.providers.openai")
 
@@ -167,7 +168,7 @@ class OpenAIProvider:
             response.read()
             return parse_reply(self._json(response))
         reply = StreamedReply()
-        for data in sse_data(response.iter_lines()):
+        for data in (sse.data for sse in EventSource(response).iter_sse()):
             if data.strip() == "[DONE]":
                 reply.done = True
                 break
@@ -352,20 +353,6 @@ def _arguments(call_id: str, name: str, raw: Any) -> dict[str, Any]:
 
 class StreamBroken(Exception):
     """A stream that ended early or carried an error: retried like a connection error."""
-
-
-def sse_data(lines: Iterable[str]) -> Iterator[str]:
-    """The ``data`` of each server-sent event (lines joined), comments and other fields skipped."""
-    data: list[str] = []
-    for line in lines:
-        if line == "":
-            if data:
-                yield "\n".join(data)
-            data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-    if data:
-        yield "\n".join(data)
 
 
 @dataclass

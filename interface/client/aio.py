@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, TypeVar
 
 import httpx
+from httpx_sse import EventSource
 from pydantic import BaseModel
 
 from turnlog.interface.client import calls
@@ -17,7 +18,6 @@ from turnlog.interface.client.calls import (
     RetryPolicy,
     SessionPolicies,
     SessionRef,
-    SseParser,
 )
 from turnlog.interface.client.errors import ApiError, ServerUnreachable, TurnWaitTimeout
 from turnlog.interface.client.models import (
@@ -341,9 +341,8 @@ class AsyncClient:
                 await response.aread()
                 raise calls.problem_of(response)
             calls.check_stream(response)
-            parser = SseParser()
-            async for line in response.aiter_lines():
-                frame = parser.feed(line)
+            async for sse in EventSource(response).aiter_sse():
+                frame = calls.frame_of(sse)
                 if frame is None:
                     continue
                 item = calls.item_of(frame, last, deltas)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import random
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import urlsplit
 from uuid import UUID
 
 import httpx
+from httpx_sse import ServerSentEvent
 from pydantic import BaseModel, ValidationError
 
 from turnlog.interface.client.errors import ApiError, NotATurnlogServer
@@ -421,37 +422,9 @@ def check_stream(response: httpx.Response) -> None:
         )
 
 
-@dataclass
-class SseParser:
-    """Server-sent events, line by line: ``feed`` returns a frame at each blank line."""
-
-    event: str = "message"
-    data: list[str] = field(default_factory=list)
-    id: str | None = None
-
-    def feed(self, line: str) -> tuple[str, str | None, str] | None:
-        if line == "":
-            frame = (self.event, self.id, "\n".join(self.data)) if self.data else None
-            self.event, self.data, self.id = "message", [], None
-            return frame
-        if line.startswith(":"):
-            return None  # a comment: the heartbeat
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "event":
-            self.event = value
-        elif name == "data":
-            self.data.append(value)
-        elif name == "id":
-            self.id = value
-        return None
-
-
-def frames(lines: Iterable[str], parser: SseParser) -> Iterable[tuple[str, str | None, str]]:
-    for line in lines:
-        frame = parser.feed(line)
-        if frame is not None:
-            yield frame
+def frame_of(sse: ServerSentEvent) -> tuple[str, str | None, str] | None:
+    """An event of the stream as (event, id, data); None for one without data."""
+    return (sse.event, sse.id or None, sse.data) if sse.data else None
 
 
 def item_of(frame: tuple[str, str | None, str], last: int, deltas: bool) -> Event | Delta | None:

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Literal, TypeVar
 
 import httpx
+from httpx_sse import EventSource
 from pydantic import BaseModel
 
 from turnlog.interface.client import calls
@@ -16,7 +17,6 @@ from turnlog.interface.client.calls import (
     RetryPolicy,
     SessionPolicies,
     SessionRef,
-    SseParser,
 )
 from turnlog.interface.client.errors import ApiError, ServerUnreachable, TurnWaitTimeout
 from turnlog.interface.client.models import (
@@ -335,8 +335,9 @@ class Client:
                 response.read()
                 raise calls.problem_of(response)
             calls.check_stream(response)
-            for frame in calls.frames(response.iter_lines(), SseParser()):
-                item = calls.item_of(frame, last, deltas)
+            for sse in EventSource(response).iter_sse():
+                frame = calls.frame_of(sse)
+                item = None if frame is None else calls.item_of(frame, last, deltas)
                 if item is not None:
                     if isinstance(item, Event):
                         last = item.version
