@@ -68,6 +68,8 @@ def check(
     Open turns are listed by the open_turns read model, brought to the log's
     head first (here, or by its runner if one is running), so the list is
     true even when no projections process runs; how far behind it was is said.
+    Exits 3 when an operator must act (a turn interrupted, or to be, by a call
+    of unknown outcome; a proposed call awaiting approval), else 0.
     """
     from turnlog.projections.catalog import READ_MODELS
     from turnlog.projections.catch_up import catch_up
@@ -93,7 +95,7 @@ def check(
             "read_model": caught.as_dict(),
         }
         typer.echo(json.dumps(document))
-        return
+        raise typer.Exit(OPERATOR_MUST_ACT if _operator_must_act(verdicts) else 0)
     style = "" if caught.current else "[yellow]"
     out.print(f"{style}{escape(caught.describe())}", soft_wrap=True)
     table = id_table("session", "turn", "state", "decision", "detail", ids=2)
@@ -103,6 +105,20 @@ def check(
     out.print(summarize(verdicts))
     if apply:
         _apply(runtime, verdicts)
+    if _operator_must_act(verdicts):
+        out.print("an operator must act: `turnlog sessions show ID` says what is unknown")
+        raise typer.Exit(OPERATOR_MUST_ACT)
+
+
+# The exit code of a 409 (conflict), as for a refused turn: the turn waits for a person.
+OPERATOR_MUST_ACT = 3
+
+
+def _operator_must_act(verdicts: list[Any]) -> bool:
+    from turnlog.domain.progress import Decision
+
+    waiting = {Decision.INTERRUPT, Decision.LEAVE_FOR_OPERATOR, Decision.LEAVE_FOR_APPROVAL}
+    return any(v.decision in waiting for v in verdicts)
 
 
 def _apply(runtime: Any, verdicts: list[Any]) -> None:
