@@ -91,6 +91,7 @@ def serve(
     here = Role.API if split else role
     app = create_app(settings, role=here, worker_concurrency=concurrency, options=options)
     server = draining_server(app, settings, host, port)
+    server.on_listening = functools.partial(_say_where, here)
     tune_collector()
     children = None
     if split:
@@ -111,6 +112,16 @@ def serve(
         exit_now(128 + server.signalled)
     if not server.started:
         raise typer.Exit(1)
+
+
+def _say_where(role: Role, host: str, port: int) -> None:
+    """Where to point a client, a browser and the API's docs, once the port is bound."""
+    name = f"[{host}]" if ":" in host else host
+    base = f"http://{name}:{port}"
+    if role.serves_api:
+        typer.echo(f"turnlog: API {base}/v1  docs {base}/docs  console {base}/console", err=True)
+    else:
+        typer.echo(f"turnlog: {role} process; metrics {base}/metrics", err=True)
 
 
 def split_refusal(split: bool, role: Role, children_metrics_port: int) -> str:

@@ -55,6 +55,17 @@ class DrainingServer(uvicorn.Server):
         # Runs (in a thread) once the API has shut down, before uvicorn re-raises
         # the stop signal, which ends the process.
         self.after_shutdown: Callable[[], None] | None = None
+        # Told the address the API listens on, once it does (its port, if 0 was asked).
+        self.on_listening: Callable[[str, int], None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.on_listening is not None and self.started:
+            for server in self.servers:
+                for bound in server.sockets:
+                    host, port = bound.getsockname()[:2]
+                    self.on_listening(str(host), int(port))
+                    return
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)

@@ -81,6 +81,8 @@ def test_a_replacement_server_finds_the_session_and_recalls_the_codeword(
         session_id = created.json()["session_id"]
         stored = ask(url, session_id, "The codeword is kestrel")
         assert stored["reply"] == "Noted. I will remember the codeword."
+        # It says where to point a client, a browser and the API's docs.
+        assert f"API {url}/v1  docs {url}/docs  console {url}/console" in log.read_text()
         first.send_signal(stop)
         code = first.wait(timeout=40)
         # SIGTERM: uvicorn shuts down gracefully, then re-raises the signal.
