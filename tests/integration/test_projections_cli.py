@@ -56,6 +56,26 @@ def test_rebuild_reproduces_the_live_rows_and_verify_reports_a_hand_edit(
     assert "column status: live 'busy', expected 'idle'" in verified.stdout
 
 
+def test_verify_reports_how_far_a_read_model_lags_in_text_and_json(
+    runtime: Runtime, settings: Settings
+) -> None:
+    scripted_history(runtime)
+    read = ReadModels(runtime.db, settings, sessions=runtime.sessions)
+    rebuild(read.events, runtime.db, settings.namespace, read_models())
+    runtime.sessions.create_session(title="after the rebuild")  # no runner folds it
+
+    def lagging() -> dict[str, Any] | None:
+        done = turnlog(settings, "projections", "verify", "sessions", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr  # a lag is not a difference
+        [row] = json.loads(done.stdout)
+        return row if row["lag_events"] else None  # once the horizon is past the write
+
+    row = poll(lagging, 30, "the new event below the horizon")
+    assert row["ok"] and row["lag_events"] >= 1 and row["head"] > row["position"]
+    text = turnlog(settings, "projections", "verify", "sessions")
+    assert "event(s) behind the log's head" in text.stdout, text.stdout
+
+
 def test_audit_verify_passes_on_a_whole_stream_and_names_a_missing_or_corrupt_event(
     runtime: Runtime, settings: Settings
 ) -> None:
