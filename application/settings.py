@@ -103,7 +103,7 @@ class Settings(BaseSettings):
         " interrupting a turn whose owner died inside a side-effecting call.",
     )
     tools_file: Path | None = Field(
-        default=None, description="TOML or JSON file declaring command tools."
+        default=None, description="TOML or JSON file declaring command tools (empty: unset)."
     )
     tool_modules: str | None = Field(
         default=None,
@@ -148,6 +148,14 @@ class Settings(BaseSettings):
     @classmethod
     def _namespace_is_identifier(cls, value: str) -> str:
         check_namespace(value)
+        return value
+
+    @field_validator("tools_file", mode="before")
+    @classmethod
+    def _empty_path_is_unset(cls, value: object) -> object:
+        """An empty value is no file: as a path, "" would be "." (a directory)."""
+        if isinstance(value, str) and not value.strip():
+            return None
         return value
 
     @property

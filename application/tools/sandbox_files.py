@@ -11,6 +11,15 @@ descriptor (``openat``) with ``O_NOFOLLOW`` — a link anywhere fails the open
 (``ELOOP``/``ENOTDIR``) instead of being followed. Directories are opened with
 ``O_DIRECTORY``.
 
+A file is opened only if it is a regular file with one link. Its name is
+looked at first (``lstat`` relative to its directory) and the open is
+non-blocking (``O_NONBLOCK``), so a named pipe or a device in a file's place
+is refused at once instead of blocking the open until some other process
+comes; the open descriptor is then checked again (``fstat``), since the name
+may change in between. A hard link is a second name of a file that may live
+outside the sandbox, and ``O_NOFOLLOW`` does not see it: a file with more
+than one link is refused, for writing and for reading.
+
 Paths are bounded (length and depth), so no input can make the walk deep or
 slow, and errors name the path as given, never the host's absolute path.
 """
@@ -29,7 +38,9 @@ MAX_PATH_DEPTH = 32
 MAX_NAME_BYTES = 255  # NAME_MAX on Linux and macOS
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _FILE_FLAGS
+_READ_FLAGS = os.O_RDONLY | _FILE_FLAGS
 
 
 class SandboxPathError(ValueError):
@@ -94,7 +105,7 @@ def append_line(sandbox: Path, relative: str, line: str) -> str:
     data = line.encode("utf-8")
     with sandbox_dir(sandbox) as top:
         with _walk(top, parts[:-1], relative) as parent:
-            fd = _open(parts[-1], _APPEND_FLAGS, parent, relative, mode=0o644)
+            fd = _open_file(parts[-1], _APPEND_FLAGS, parent, relative, mode=0o644)
         try:
             view = memoryview(data)
             while view:
@@ -143,17 +154,63 @@ def _open_existing(sandbox: Path, relative: str) -> int | None:
                     following = os.open(name, _DIR_FLAGS, dir_fd=current)
                     os.close(current)
                     current = following
-                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=current)
+                return _open_file(parts[-1], _READ_FLAGS, current, relative)
             finally:
                 os.close(current)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise SandboxPathError(_explain(exc, relative)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+
+
+def _open_file(name: str, flags: int, parent: int, relative: str, mode: int = 0o644) -> int:
+    """Open ``name`` below ``parent`` only if it is (or is created as) a plain file.
+
+    Looked at by name first, so that a pipe or device is never opened at all;
+    then checked by descriptor, in case the name changed in between. Raises
+    FileNotFoundError (without ``O_CREAT``) when it is absent.
+    """
+    try:
+        before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    except OSError as exc:
+        raise SandboxPathError(_explain(exc, relative)) from None
+    else:
+        _check_file(before, relative)
+    try:
+        fd = os.open(name, flags, mode, dir_fd=parent)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+        raise SandboxPathError(_explain(_errno_error(errno.ENOENT), relative)) from None
+    except OSError as exc:
+        raise SandboxPathError(_explain(exc, relative)) from None
+    try:
+        _check_file(os.fstat(fd), relative)
+    except BaseException:
         os.close(fd)
-        raise SandboxPathError(f"path {_short(relative)} is not a regular file")
+        raise
     return fd
+
+
+def _check_file(info: os.stat_result, relative: str) -> None:
+    if stat.S_ISLNK(info.st_mode):
+        raise SandboxPathError(_explain(_errno_error(errno.ELOOP), relative))
+    if stat.S_ISDIR(info.st_mode):
+        raise SandboxPathError(_explain(_errno_error(errno.EISDIR), relative))
+    if not stat.S_ISREG(info.st_mode):
+        raise SandboxPathError(f"path {_short(relative)} is not a regular file")
+    if info.st_nlink > 1:
+        raise SandboxPathError(
+            f"path {_short(relative)} has more than one link (a hard link may lead out of"
+            " the sandbox)"
+        )
+
+
+def _errno_error(number: int) -> OSError:
+    return OSError(number, os.strerror(number))
 
 
 @contextlib.contextmanager
@@ -193,6 +250,8 @@ def _explain(exc: OSError, relative: str) -> str:
     where = _short(relative)
     if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
         return f"path {where} escapes the session's sandbox (a symbolic link or not a directory)"
+    if exc.errno in (errno.ENXIO, errno.EAGAIN):  # a pipe with no reader, a busy device
+        return f"path {where} is not a regular file"
     if exc.errno == errno.EISDIR:
         return f"path {where} names a directory, not a file"
     return f"path {where} cannot be opened in the sandbox: {os.strerror(exc.errno or 0)}"

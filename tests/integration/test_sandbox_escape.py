@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from turnlog.application.runtime import Runtime
 from turnlog.application.tools.command import shell_tool
 from turnlog.application.tools.context import ToolContext
 from turnlog.application.tools.port import ToolError, ToolRegistry, builtin_tools
+from turnlog.application.tools.sandbox_files import SandboxPathError, file_state, read_at
 from turnlog.application.tools.sandboxes import Sandboxes, _size
 
 registry = ToolRegistry(builtin_tools())
@@ -197,3 +199,73 @@ def test_gc_never_removes_or_measures_through_a_sandbox_swapped_for_a_link(
     assert action.action == "left" and "not removed safely" in action.reason
     assert (outside / "keep.txt").read_text() == "keep"
     assert (root / str(closed)).is_symlink()
+
+
+def _bounded(action: Any, seconds: float = 5.0) -> Any:
+    """Run ``action`` on a thread and fail (instead of hanging the run) if it blocks."""
+    done: list[Any] = []
+
+    def target() -> None:
+        try:
+            done.append(("returned", action()))
+        except BaseException as exc:
+            done.append(("raised", exc))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(scaled(seconds))
+    assert done, f"blocked for more than {scaled(seconds):.0f}s"
+    return done[0]
+
+
+def test_a_hard_link_to_a_file_outside_is_not_written_through(layout: tuple[Path, Path]) -> None:
+    sandbox, outside = layout
+    (outside / "target.txt").write_text("kept\n")
+    os.link(outside / "target.txt", sandbox / "a.txt")  # O_NOFOLLOW does not see this
+
+    with pytest.raises(ToolError, match="more than one link"):
+        _append(sandbox, {"path": "a.txt", "text": "x"})
+
+    assert (outside / "target.txt").read_text() == "kept\n"
+
+
+def test_a_probe_does_not_read_through_a_hard_link(layout: tuple[Path, Path]) -> None:
+    sandbox, outside = layout
+    (outside / "secret.txt").write_text("secret\n")
+    os.link(outside / "secret.txt", sandbox / "a.txt")
+
+    with pytest.raises(SandboxPathError, match="more than one link"):
+        read_at(sandbox, "a.txt", 0, 100)
+    with pytest.raises(SandboxPathError, match="more than one link"):
+        file_state(sandbox, "a.txt")
+
+
+def test_a_fifo_in_the_files_place_is_refused_at_once(layout: tuple[Path, Path]) -> None:
+    sandbox, _ = layout
+    os.mkfifo(sandbox / "a.txt")  # an open for writing blocks until a reader comes
+
+    kind, value = _bounded(lambda: _append(sandbox, {"path": "a.txt", "text": "x"}))
+
+    assert kind == "raised" and isinstance(value, ToolError), value
+    assert "not a regular file" in str(value)
+
+
+def test_a_fifo_with_a_reader_is_refused_and_nothing_is_written(layout: tuple[Path, Path]) -> None:
+    sandbox, _ = layout
+    os.mkfifo(sandbox / "a.txt")
+    reader = os.open(sandbox / "a.txt", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        kind, value = _bounded(lambda: _append(sandbox, {"path": "a.txt", "text": "x"}))
+        assert kind == "raised" and "not a regular file" in str(value), value
+        assert os.read(reader, 10) == b""  # nothing was written into the pipe
+    finally:
+        os.close(reader)
+
+
+def test_a_probe_does_not_block_on_a_fifo(layout: tuple[Path, Path]) -> None:
+    sandbox, _ = layout
+    os.mkfifo(sandbox / "a.txt")  # an open for reading blocks until a writer comes
+    for read in (lambda: file_state(sandbox, "a.txt"), lambda: read_at(sandbox, "a.txt", 0, 9)):
+        kind, value = _bounded(read)
+        assert kind == "raised" and isinstance(value, SandboxPathError), value
+        assert "not a regular file" in str(value)

@@ -17,3 +17,16 @@ def test_the_readme_configuration_table_matches_the_settings() -> None:
     assert table == settings_reference(), (
         "README configuration table is stale; regenerate it from application.settings"
     )
+
+
+def test_the_docs_name_the_idempotency_key_by_its_variable() -> None:
+    """``TURNLOG_CALL_ID`` is the model's id, unique only within a session; the key is
+    ``TURNLOG_IDEMPOTENCY_KEY``. No doc may call the call id the idempotency key."""
+    docs = [README, *sorted((README.parent / "docs").rglob("*.md"))]
+    wrong = []
+    for path in docs:
+        text = " ".join(path.read_text().split())
+        for piece in text.split("`TURNLOG_CALL_ID`")[1:]:
+            if piece.lstrip(" (").startswith("the idempotency key"):
+                wrong.append(f"{path.name}: `TURNLOG_CALL_ID`{piece[:40]}")
+    assert wrong == []
