@@ -26,7 +26,7 @@ from turnlog.application.tools.port import ToolError, check_arguments
 from turnlog.application.tools.probes import prober_of
 from turnlog.domain.progress import Decision, Verdict, decide
 from turnlog.domain.session import Session
-from turnlog.domain.turns import CallState, Turn, TurnState
+from turnlog.domain.turns import Turn, TurnState
 
 log = logging.getLogger("turnlog.runtime")
 
@@ -213,8 +213,8 @@ class Runtime:
         """Let a proposed call start; edited ``arguments`` must match the tool's schema."""
 
         def approve(s: Session) -> Turn:
-            call = s.call(call_id)
-            if call.state is CallState.PROPOSED and arguments is not None:
+            call = s.proposed_call(call_id)
+            if arguments is not None:
                 self._check_arguments(call.name, arguments)
             return s.approve_tool_call(call_id, actor, note, arguments)
 

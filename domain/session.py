@@ -727,7 +727,7 @@ class Session(Aggregate):
         part (the domain does not know tools); here they must be an object
         the record can hold.
         """
-        call = self._proposed(call_id)
+        call = self.proposed_call(call_id)
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         if not isinstance(note, str):
             raise errors.InvalidOperatorAction("note must be text")
@@ -746,7 +746,7 @@ class Session(Aggregate):
 
     def reject_tool_call(self, call_id: str, actor: str, reason: str) -> Turn:
         """An operator refuses a proposed call; the model is told, and the turn goes on."""
-        call = self._proposed(call_id)
+        call = self.proposed_call(call_id)
         actor = require_text(actor, "actor", errors.InvalidOperatorAction)
         reason = require_text(reason, "reason", errors.InvalidOperatorAction)
         check_storable((reason, actor), "the reason")
@@ -755,7 +755,9 @@ class Session(Aggregate):
         )
         return self.turn(call.turn_id)
 
-    def _proposed(self, call_id: str) -> ToolCall:
+    def proposed_call(self, call_id: str) -> ToolCall:
+        """The call waiting for an operator's decision; any other known call is refused
+        with one code (``call_not_proposed``), whether its turn is open or finished."""
         try:
             call = self.call(call_id)
         except errors.InvalidTransition as exc:

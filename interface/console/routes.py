@@ -23,7 +23,7 @@ from uuid import UUID
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.params import Depends
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from turnlog.interface.console.board import build_board
@@ -55,6 +55,12 @@ def install(app: FastAPI, guards: Sequence[Depends]) -> None:
     app.include_router(pages)
     app.include_router(fragments, dependencies=list(guards))
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
+    app.add_api_route("/favicon.ico", favicon, methods=["GET"], include_in_schema=False)
+
+
+def favicon() -> FileResponse:
+    """The console's icon where a browser asks for it unbidden (a page that names none)."""
+    return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
 
 
 def _render(request: Request, name: str, **context: Any) -> HTMLResponse:

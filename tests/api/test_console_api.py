@@ -78,6 +78,23 @@ def test_with_a_token_console_pages_are_shells_without_session_data(
     assert guarded.get("/console/static/console.js").status_code == 200
 
 
+def test_every_console_page_names_an_icon_that_is_served(
+    guarded: TestClient, runtime: Runtime
+) -> None:
+    sid = _blocked_session(guarded, runtime, AUTH)
+
+    for path in ("/console", f"/console/sessions/{sid}", "/console/overview"):
+        link = re.search(r'<link rel="icon" href="([^"]+)"', guarded.get(path).text)
+        assert link is not None, path
+        icon = guarded.get(link.group(1))
+        assert icon.status_code == 200, path
+        assert icon.headers["content-type"].startswith("image/svg+xml")
+        assert b"<svg" in icon.content
+    fallback = guarded.get("/favicon.ico")  # asked by browsers on pages that name none
+    assert fallback.status_code == 200
+    assert fallback.headers["content-type"].startswith("image/svg+xml")
+
+
 def test_with_a_token_every_console_fragment_needs_it(
     guarded: TestClient, runtime: Runtime
 ) -> None:

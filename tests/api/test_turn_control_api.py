@@ -381,6 +381,27 @@ def test_approving_or_rejecting_a_call_that_is_not_proposed_is_409_and_writes_no
     assert version(api, sid) == before
 
 
+def test_approving_or_rejecting_a_call_of_a_finished_turn_is_the_same_409(
+    full: TestClient,
+) -> None:
+    sid = new_session(full, tools=["append_file"], approval_policy="all")
+    tid = submit(full, sid, '/tool append_file {"path": "out.txt", "text": "x"}')["turn_id"]
+    call_id = _awaiting(full, sid, tid)["tool_calls"][0]["call_id"]
+    url = f"/v1/sessions/{sid}/tool-calls/{call_id}"
+    assert full.post(f"{url}/reject", json={"actor": "a", "reason": "r"}).status_code == 200
+    eventually(lambda: in_state(full, sid, tid, "completed", "failed"), deadline=30)
+    before = version(full, sid)
+
+    approve = full.post(f"{url}/approve", json={"actor": "a"})
+    edit = {"actor": "a", "arguments": {"path": "o.txt", "text": ""}}
+    edited = full.post(f"{url}/approve", json=edit)
+    reject = full.post(f"{url}/reject", json={"actor": "a", "reason": "r"})
+
+    for response in (approve, edited, reject):
+        problem(response, 409, "call_not_proposed")
+    assert version(full, sid) == before
+
+
 def test_an_unknown_approval_policy_is_422(api: TestClient) -> None:
     problem(api.post("/v1/sessions", json={"approval_policy": "some"}), 422, "validation_error")
 
