@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import ipaddress
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from turnlog.interface.terminal import refusals
 
 if TYPE_CHECKING:
     from turnlog.interface.children import Children
+
+log = logging.getLogger("turnlog.serve")
 
 
 def serve(
@@ -118,10 +121,11 @@ def _say_where(role: Role, host: str, port: int) -> None:
     """Where to point a client, a browser and the API's docs, once the port is bound."""
     name = f"[{host}]" if ":" in host else host
     base = f"http://{name}:{port}"
+    # Logged, not printed: a line of JSON logs stays JSON.
     if role.serves_api:
-        typer.echo(f"turnlog: API {base}/v1  docs {base}/docs  console {base}/console", err=True)
+        log.info("API %s/v1  docs %s/docs  console %s/console", base, base, base)
     else:
-        typer.echo(f"turnlog: {role} process; metrics {base}/metrics", err=True)
+        log.info("%s process; metrics %s/metrics", role, base)
 
 
 def split_refusal(split: bool, role: Role, children_metrics_port: int) -> str:
