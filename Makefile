@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format clean-data bench bench-quick profile browser-deps chaos \
+.PHONY: demo test docs lint format clean-data bench bench-quick profile browser-deps chaos \
 	unit integration api client e2e fault browser browser-deps-if-root
 
 $(STAMP): pyproject.toml
@@ -96,6 +96,11 @@ chaos: $(STAMP)
 	TURNLOG_FUZZ_EXAMPLES=60 TURNLOG_FUZZ_MIN_REQUESTS=2000 \
 		$(BIN)/pytest -p no:cacheprovider -rs -s \
 		tests/fault/test_database_faults.py tests/fault/test_log_order.py tests/api/test_openapi_fuzz.py
+
+# The docs' pictures (Mermaid blocks in README.md and docs/), generated from the code;
+# tests/unit/test_pictures.py fails while a committed one is stale.
+docs: $(STAMP)
+	$(BIN)/python -m tests.docgen
 
 format: $(STAMP)
 	$(BIN)/ruff format .
