@@ -32,3 +32,20 @@ def test_no_text_cites_a_design_document_that_is_not_there() -> None:
             continue
         text = path.read_text()
         assert not re.search(r"\bDESIGN\b", text), f"{path.relative_to(ROOT)} cites DESIGN"
+
+
+def test_every_relative_link_of_every_page_points_at_a_file_and_heading_that_exist() -> None:
+    pages = [ROOT / "README.md", ROOT / "RELIABILITY.md", ROOT / "BENCHMARKS.md"]
+    for path in [*pages, *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\((?!https?:)([^)\s]+)\)", path.read_text()):
+            file, _, anchor = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            if "screenshots" in file:
+                continue  # pictures the browser tests take
+            assert linked.exists(), f"{path.name}: {target}"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+                slugs = {
+                    re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings
+                }
+                assert anchor in slugs, f"{path.name}: {target}"
