@@ -65,7 +65,7 @@ integration api client e2e fault: $(STAMP)
 browser: $(STAMP) browser-deps-if-root
 	$(PYTEST) tests/browser $(PYTEST_ARGS)
 
-# Benchmarks (issue 7) are not part of `make test`: the full run takes about 15 minutes and
+# Benchmarks (BENCHMARKS.md) are not part of `make test`: the full run takes about 15 minutes and
 # rewrites BENCHMARKS.md and benchmarks.json; bench-quick is a smoke run (.turnlog/bench-quick).
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/run.py $(BENCH_ARGS)
@@ -77,7 +77,7 @@ bench-quick: $(STAMP)
 profile: $(STAMP)
 	$(BIN)/python tests/benchmarks/profiling.py $(FIG)
 
-# The fault campaign (issue 8, RELIABILITY.md), not part of `make test`; about 30 minutes:
+# The fault campaign (RELIABILITY.md), not part of `make test`; about 30 minutes:
 # 200 SIGKILLs of random processes under load (tests/fault/chaos.py), then the same campaign
 # with outcome probes on in every process (--probes, CHAOS_PROBE_KILLS kills, one worker kill
 # in three aimed after an append_file wrote its line), then the tests that restart PostgreSQL

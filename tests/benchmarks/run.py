@@ -1,4 +1,4 @@
-"""The benchmark suite (issue 7): every figure against its baseline, measured in one run.
+"""The benchmark suite: every figure against its baseline, measured in one run.
 
     python tests/benchmarks/run.py [--quick] [--only 1 3 6] [--repeat N] [--out DIR]
 
