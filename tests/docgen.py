@@ -278,8 +278,8 @@ def process_shape() -> str:
     from turnlog.projections.catalog import READ_MODELS
 
     models = ", ".join(READ_MODELS)
-    lines = ["flowchart LR", "    client([HTTP clients, console, CLI])"]
-    lines.append(f"    pg[(PostgreSQL<br/>schema turnlog_namespace:<br/>log, {models})]")
+    lines = ["flowchart LR", '    client(["HTTP clients, console, CLI"])']
+    lines.append(f'    pg[("PostgreSQL<br/>schema turnlog_namespace:<br/>log, {models}")]')
     for role in Role:
         parts = []
         if role.serves_api:
@@ -289,7 +289,7 @@ def process_shape() -> str:
         if role.runs_projections:
             parts.append(("projections", "projection runners"))
         lines.append(f'    subgraph {role.value}_role["serve --role {role.value}"]')
-        lines += [f"        {role.value}_{key}[{label}]" for key, label in parts]
+        lines += [f'        {role.value}_{key}["{label}"]' for key, label in parts]
         lines.append("    end")
         for key, _ in parts:
             node = f"{role.value}_{key}"
@@ -357,10 +357,10 @@ def subsystems_diagram() -> str:
     edges = import_edges()
     lines = ["flowchart TB"]
     for layer, members in _boxes().items():
-        lines.append(f"    subgraph {layer}_layer[{layer}/]")
+        lines.append(f'    subgraph {layer}_layer["{layer}/"]')
         for member in members:
             label = "top level" if member == layer else member.split(".", 1)[1] + "/"
-            lines.append(f"        {_node(member)}[{label}]")
+            lines.append(f'        {_node(member)}["{label}"]')
         lines.append("    end")
     for source, target in sorted(edges):
         lines.append(f"    {_node(source)} --> {_node(target)}")

@@ -52,7 +52,7 @@ def test_the_architecture_shows_every_subpackage_and_only_inward_layer_edges(
 ) -> None:
     picture = generated["subsystems"]
     for sub in ("store", "tools", "providers", "execution", "http"):
-        assert f"{sub}/]" in picture
+        assert f'"{sub}/"]' in picture
     layer = {"domain": 0, "application": 1, "projections": 2, "interface": 3}
     for source, target in docgen.import_edges():
         outer, inner = source.split(".")[0], target.split(".")[0]
