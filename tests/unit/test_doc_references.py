@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -49,3 +50,43 @@ def test_every_relative_link_of_every_page_points_at_a_file_and_heading_that_exi
                     re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings
                 }
                 assert anchor in slugs, f"{path.name}: {target}"
+
+
+PAGES = ("README.md", "RELIABILITY.md", "BENCHMARKS.md")
+NOT_FILES = {"application/problem", "docker/.env"}  # a media type; the file a user creates
+
+
+def pages() -> list[Path]:
+    return [*(ROOT / name for name in PAGES), *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_source_path_a_page_names_exists() -> None:
+    folders = "domain|application|projections|interface|tests|docker"
+    for page in pages():
+        for path in re.findall(rf"(?<![\w/.-])((?:{folders})/[\w/.-]*\w)", page.read_text()):
+            if path not in NOT_FILES:
+                assert (ROOT / path).exists(), f"{page.name} names {path}"
+
+
+def test_every_module_and_name_a_page_cites_can_be_imported() -> None:
+    for page in pages():
+        pattern = r"\b((?:turnlog\.)?(?:domain|application|projections|interface)(?:\.\w+)+)"
+        for cited in re.findall(pattern, page.read_text()):
+            name = cited if cited.startswith("turnlog.") else f"turnlog.{cited}"
+            assert resolves(name), f"{page.name} cites {cited}"
+
+
+def resolves(name: str) -> bool:
+    """Whether ``name`` is a module, or a module's attribute (nested attributes too)."""
+    parts = name.split(".")
+    for split in range(len(parts), 1, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
