@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format clean-data bench bench-quick profile browser-deps chaos \
+.PHONY: demo test docs lint format clean-data bench bench-quick profile browser-deps chaos \
 	unit integration api client e2e fault browser browser-deps-if-root
 
 $(STAMP): pyproject.toml
@@ -65,7 +65,7 @@ integration api client e2e fault: $(STAMP)
 browser: $(STAMP) browser-deps-if-root
 	$(PYTEST) tests/browser $(PYTEST_ARGS)
 
-# Benchmarks (issue 7) are not part of `make test`: the full run takes about 15 minutes and
+# Benchmarks (BENCHMARKS.md) are not part of `make test`: the full run takes about 15 minutes and
 # rewrites BENCHMARKS.md and benchmarks.json; bench-quick is a smoke run (.turnlog/bench-quick).
 bench: $(STAMP)
 	$(BIN)/python tests/benchmarks/run.py $(BENCH_ARGS)
@@ -77,7 +77,7 @@ bench-quick: $(STAMP)
 profile: $(STAMP)
 	$(BIN)/python tests/benchmarks/profiling.py $(FIG)
 
-# The fault campaign (issue 8, RELIABILITY.md), not part of `make test`; about 30 minutes:
+# The fault campaign (RELIABILITY.md), not part of `make test`; about 30 minutes:
 # 200 SIGKILLs of random processes under load (tests/fault/chaos.py), then the same campaign
 # with outcome probes on in every process (--probes, CHAOS_PROBE_KILLS kills, one worker kill
 # in three aimed after an append_file wrote its line), then the tests that restart PostgreSQL
@@ -96,6 +96,11 @@ chaos: $(STAMP)
 	TURNLOG_FUZZ_EXAMPLES=60 TURNLOG_FUZZ_MIN_REQUESTS=2000 \
 		$(BIN)/pytest -p no:cacheprovider -rs -s \
 		tests/fault/test_database_faults.py tests/fault/test_log_order.py tests/api/test_openapi_fuzz.py
+
+# The docs' pictures (Mermaid blocks in README.md and docs/), generated from the code;
+# tests/unit/test_pictures.py fails while a committed one is stale.
+docs: $(STAMP)
+	$(BIN)/python -m tests.docgen
 
 format: $(STAMP)
 	$(BIN)/ruff format .

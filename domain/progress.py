@@ -5,7 +5,7 @@ whose owner may be gone, and ``decide`` asks ``next_step`` in turn. Keeping
 both answers pure means a resumed turn takes exactly the step an
 uninterrupted one would have.
 
-Recovery's rules (DESIGN §5), decided from the stored events alone:
+Recovery's rules (docs/recovery.md), decided from the stored events alone:
 
 - owner holds the lease → leave it alone;
 - interrupted → leave it: an operator must abandon it or resolve its calls;

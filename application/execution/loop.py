@@ -296,7 +296,7 @@ class Executor:
         return self._write(session, claim, record)
 
     def _compact_context(self, session: Session, turn_id: str, claim: int) -> Session:
-        """Record the context summary the next request needs first (DESIGN: docs/long-sessions.md).
+        """Record the context summary the next request needs first (docs/long-sessions.md).
 
         The summary is saved before the request is built: a process that dies
         after it resumes with the same summary instead of making another. A

@@ -47,7 +47,7 @@ MAX_SLOW_SECONDS = 60.0
 
 
 class FixtureProvider:
-    """Deterministic, offline replies (DESIGN §6)."""
+    """Deterministic, offline replies (docs/providers.md)."""
 
     name = "fixture"
 

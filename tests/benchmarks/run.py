@@ -1,4 +1,4 @@
-"""The benchmark suite (issue 7): every figure against its baseline, measured in one run.
+"""The benchmark suite: every figure against its baseline, measured in one run.
 
     python tests/benchmarks/run.py [--quick] [--only 1 3 6] [--repeat N] [--out DIR]
 
@@ -108,22 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["seconds"] = clock()
     args.out.mkdir(parents=True, exist_ok=True)
     md, js = write_report(figures, args.out, meta)
-    if not args.quick and not args.only and args.out == ROOT:
-        refresh_readme(ROOT / "README.md", figures, meta)
     print(f"\n{table(figures)}\n\nwrote {md} and {js} in {clock():.0f}s")
     return 0 if all(f.passed is not False for f in figures) else 1
-
-
-def refresh_readme(readme: Path, figures: list[Figure], meta: dict[str, object]) -> None:
-    """Replace the table between the README's benchmark markers (a full run only)."""
-    begin, end = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
-    text = readme.read_text()
-    if begin not in text or end not in text.split(begin, 1)[1]:
-        return
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    block = f"Latest full run ({meta['started']}, details in BENCHMARKS.md):\n\n{table(figures)}"
-    readme.write_text(f"{head}{begin}\n{block}\n{end}{tail}")
 
 
 if __name__ == "__main__":

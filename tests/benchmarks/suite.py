@@ -325,6 +325,21 @@ def markdown(figures: Sequence[Figure], meta: dict[str, Any]) -> str:
         "",
         table(figures),
         "",
+        "## How to reproduce",
+        "",
+        "`make bench` runs every figure (not part of `make test`; 10 to 15 minutes on 2 cores)"
+        " against the embedded PostgreSQL under `.turnlog/bench` (or"
+        " `TURNLOG_TEST_DATABASE_URL` / `TURNLOG_DATABASE_URL`), each figure in a fresh"
+        " namespace, and rewrites this file and `benchmarks.json`. Every timing is measured"
+        " against a baseline in the same run, at least three times, turnlog and baseline"
+        " alternating; counts (figures 9 and 12) and the memory check (figure 8) are taken"
+        " once. `make bench-quick` is a smaller smoke run (report in `.turnlog/bench-quick`);"
+        " `python tests/benchmarks/run.py --only 1 3` runs some figures;"
+        " `python -m tests.benchmarks.roundtrips [--http]` prints figure 12's counts, client"
+        " round trips included; `make profile FIG=N` shows where turnlog's time goes in"
+        " figure N (py-spy). Other work on the machine moves every timing: each figure"
+        " shows the load average before and after it.",
+        "",
         "## How each figure is measured",
         "",
     ]

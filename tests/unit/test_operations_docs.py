@@ -36,7 +36,8 @@ def documented_commands() -> list[tuple[str, list[str]]]:
                 start = 0 if line else -1
             if start < 0 or "…" in line or "[" in line:  # placeholders, optional parts
                 continue
-            args = shlex.split(line[start:], comments=True)[1:]
+            command = re.sub(r"\s&\s*(#.*)?$", "", line[start:])  # run in the background
+            args = shlex.split(command, comments=True)[1:]
             if args and not args[0].startswith("-") and args[0] not in ("serve,",):
                 found.append((path.name, args))
     return found

@@ -1,4 +1,4 @@
-"""Recovery decisions for open turns, from the stored state alone (DESIGN §5)."""
+"""Recovery decisions for open turns, from the stored state alone (docs/recovery.md)."""
 
 from __future__ import annotations
 
