@@ -98,9 +98,9 @@ class Settings(BaseSettings):
         default=60.0, gt=0, le=3600, description="Seconds a `shell` command may run."
     )
     probes: bool = Field(
-        default=False,
+        default=True,
         description="Recovery asks a tool's probe (append_file's, a declared `probe`) before"
-        " interrupting a turn whose owner died inside a side-effecting call.",
+        " interrupting a turn whose owner died inside a side-effecting call (`off`: never).",
     )
     tools_file: Path | None = Field(
         default=None, description="TOML or JSON file declaring command tools (empty: unset)."

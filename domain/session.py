@@ -1481,8 +1481,11 @@ def deadline_after(submitted: datetime, seconds: float | None) -> datetime | Non
 
 
 def describe_unknown_call(call: ToolCall) -> dict[str, Any]:
-    """What an operator needs to see about a call whose outcome is unknown."""
-    return {
+    """What an operator needs to see about a call whose outcome is unknown.
+
+    With the answer and note of the probe that could not tell, when one was asked.
+    """
+    described: dict[str, Any] = {
         "call_id": call.call_id,
         "name": call.name,
         "arguments": call.arguments,
@@ -1490,3 +1493,7 @@ def describe_unknown_call(call: ToolCall) -> dict[str, Any]:
         "worker_id": call.worker_id,
         "started_at": call.started_at.isoformat() if call.started_at else None,
     }
+    probed = call.last_probe
+    if probed is not None and probed.get("answer") == ProbeAnswer.UNKNOWN:
+        described["probe"] = {"answer": str(probed["answer"]), "note": str(probed.get("note", ""))}
+    return described

@@ -37,9 +37,10 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings, split_names
 from turnlog.application.store import database
 from turnlog.application.store.follower import LogFollower
+from turnlog.application.tools.builtin import builtin_tools
 from turnlog.application.tools.command import add_declared_tools, read_tools_file, shell_tool
 from turnlog.application.tools.mcp_servers import add_mcp_tools
-from turnlog.application.tools.port import ToolRegistry, builtin_tools
+from turnlog.application.tools.port import ToolRegistry
 from turnlog.application.tools.processes import unsupported_reason
 from turnlog.application.tools.python import load_modules, module_names
 from turnlog.interface.roles import Role

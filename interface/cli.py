@@ -417,7 +417,11 @@ def turns_resolve(
         out.print(f"call {call_id} resolved as {outcome} (position {written.position})")
         if turn.state != "running" or not resume:
             return 0
-        rt.continue_session(sid)
+        if rt.drive(sid) is None:
+            # A live process holds the session (serve's worker): it continues the
+            # turn. The resolve is done; there is nothing here left to fail.
+            out.print(f"turn {turn.turn_id} continued by a live process")
+            return 0
         final = rt.sessions.turn_record(sid, turn.turn_id)[1]
         out.print(
             f"turn {final.turn_id} {final.state}" + (f": {final.reply}" if final.reply else "")

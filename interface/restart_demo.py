@@ -92,7 +92,7 @@ class Server:
         env.update(
             TURNLOG_NAMESPACE=settings.namespace,
             TURNLOG_DATA_DIR=str(settings.data_dir.resolve()),
-            **extra_env,
+            **{"TURNLOG_PROBES": "off", **extra_env},  # probes on in the last part only
         )
         if settings.database_url:
             env["TURNLOG_DATABASE_URL"] = settings.database_url

@@ -1,4 +1,4 @@
-"""Tools behind one port, with effect classes, and the built-in tools.
+"""Tools behind one port, with effect classes (the built-in tools are in ``builtin``).
 
 A tool's effect class decides recovery: ``read_only`` and ``idempotent``
 tools are run again when their owner died mid-call; ``side_effecting`` ones
@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
 from turnlog.application.tools.context import ToolContext
-from turnlog.application.tools.probes import AppendFileProber
-from turnlog.application.tools.sandbox_files import SandboxPathError, append_line, path_parts
 from turnlog.domain.turns import Effect
 
-MAX_SLEEP_SECONDS = 300.0
+# How often a bounded function tool's caller looks at the call's stop event,
+# and how long it then gives the function to return by itself.
+STOP_POLL_SECONDS = 0.05
+STOP_GRACE_SECONDS = 0.2
 
 
 # The built-in tools: for demonstrations and tests, not for a real model's sessions.
@@ -79,16 +81,66 @@ class Tool(Protocol):
 
 @dataclass(frozen=True)
 class FunctionTool:
-    """A tool implemented by a Python function."""
+    """A tool implemented by a Python function of this process.
+
+    With a ``timeout``, the function runs on a thread of its own and the
+    call returns when it does, when the call is stopped (its ``stop`` event:
+    a cancel, or a forced cancel of a side-effecting call) or when the
+    timeout passes — whichever comes first. So a function stuck in a system
+    call (an ``open()`` that blocks) cannot hold a worker's slot, and a
+    cancel or a forced cancel stops the call as it stops a command tool's.
+    A thread cannot be killed: a stuck one is left behind, and a
+    side-effecting call it may still complete has an unknown outcome
+    (``ToolOutcomeUnknown``: the turn is interrupted for an operator).
+    Without a timeout the function runs inline: for one that only computes.
+    """
 
     spec: ToolSpec
     function: Callable[[dict[str, Any], ToolContext], Any] = field(repr=False)
-    # Its probe (application/tools/probes.py), asked by recovery when probes are on.
+    # Its probe (application/tools/probes.py), asked by recovery (unless probes are off).
     prober: Any = field(default=None, repr=False)
+    # Seconds a call may take besides what it waits on purpose (None: unbounded, inline).
+    timeout: float | None = None
+    # The argument naming seconds the call waits on purpose (sleep's ``seconds``,
+    # append_file's ``delay_seconds``): they are added to the timeout.
+    waits: str = ""
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
-        return self.function(arguments, context)
+        if self.timeout is None:
+            return self.function(arguments, context)
+        waited = arguments.get(self.waits, 0) if self.waits else 0
+        waited = float(waited) if isinstance(waited, int | float) else 0.0
+        return self._bounded(arguments, context, self.timeout + max(0.0, waited))
+
+    def _bounded(self, arguments: dict[str, Any], context: ToolContext, seconds: float) -> Any:
+        name = self.spec.name
+        finished = threading.Event()
+        ended: list[tuple[bool, Any]] = []
+
+        def call() -> None:
+            try:
+                ended.append((True, self.function(arguments, context)))
+            except BaseException as exc:  # handed to the caller, raised there
+                ended.append((False, exc))
+            finally:
+                finished.set()
+
+        threading.Thread(target=call, name=f"turnlog-tool-{name}", daemon=True).start()
+        deadline = time.monotonic() + seconds
+        while not finished.wait(max(0.0, min(STOP_POLL_SECONDS, deadline - time.monotonic()))):
+            if context.stop.is_set():
+                if finished.wait(STOP_GRACE_SECONDS):
+                    break
+                raise ToolOutcomeUnknown(f"{name}: stopped while it ran; it may still act")
+            if time.monotonic() >= deadline:
+                if self.spec.effect.safe_to_repeat:
+                    raise ToolError(f"{name}: timed out after {seconds:g}s")
+                raise ToolOutcomeUnknown(f"{name}: timed out after {seconds:g}s; it may still act")
+        returned, value = ended[0]
+        if returned:
+            return value
+        raise value
 
 
 class ToolRegistry:
@@ -199,112 +251,6 @@ def check_parameters_schema(parameters: Any) -> None:
             f"parameters is not a valid JSON Schema (Draft 2020-12)"
             f"{' at ' + where if where else ''}: {exc.message}"
         ) from None
-
-
-def _echo(arguments: dict[str, Any], context: ToolContext) -> Any:
-    return arguments
-
-
-def _sleep(arguments: dict[str, Any], context: ToolContext) -> Any:
-    seconds = float(arguments.get("seconds", 0))
-    if not 0 <= seconds <= MAX_SLEEP_SECONDS:
-        raise ToolError(f"sleep: seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
-    context.stop.wait(seconds)  # returns early when the call is stopped
-    return {"slept": seconds}
-
-
-def sandbox_path(sandbox: Path, relative: str) -> Path:
-    """Check ``relative`` names a file inside ``sandbox`` as things are now (refuse early).
-
-    Only a first check, before any delay: the write itself opens the path
-    relative to the sandbox's descriptor without following links
-    (``sandbox_files``), so a directory swapped for a link meanwhile is refused.
-    """
-    try:
-        parts = path_parts(relative)
-    except SandboxPathError as exc:
-        raise ToolError(str(exc)) from None
-    root = sandbox.resolve()
-    target = root.joinpath(*parts).resolve()
-    if root not in target.parents:
-        raise ToolError(f"path {relative!r} escapes the session's sandbox")
-    return target
-
-
-def _append_file(arguments: dict[str, Any], context: ToolContext) -> Any:
-    delay = float(arguments.get("delay_seconds", 0))
-    if not 0 <= delay <= MAX_SLEEP_SECONDS:
-        raise ToolError(f"append_file: delay_seconds must be between 0 and {MAX_SLEEP_SECONDS:g}")
-    relative = str(arguments["path"])
-    sandbox_path(context.sandbox, relative)
-    text = str(arguments["text"])
-    # The delay comes before the write, so a test can kill the worker mid-call
-    # and prove the write happened at most once.
-    if context.stop.wait(delay):
-        raise ToolOutcomeUnknown("append_file: stopped before writing")
-    line = text if text.endswith("\n") else text + "\n"
-    try:
-        stored = append_line(context.sandbox, relative, line)
-    except SandboxPathError as exc:
-        raise ToolError(f"append_file: {exc}") from None
-    return {"path": stored, "bytes": len(line.encode())}
-
-
-def _object(properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(required),
-        "additionalProperties": False,
-    }
-
-
-def builtin_tools() -> list[Tool]:
-    """echo (read_only), sleep (read_only) and append_file (side_effecting)."""
-    return [
-        FunctionTool(
-            ToolSpec(
-                "echo",
-                "Return the arguments unchanged.",
-                {"type": "object", "properties": {"text": {"type": "string"}}},
-                Effect.READ_ONLY,
-            ),
-            _echo,
-        ),
-        FunctionTool(
-            ToolSpec(
-                "sleep",
-                "Wait for a number of seconds, then return.",
-                _object(
-                    {"seconds": {"type": "number", "minimum": 0, "maximum": MAX_SLEEP_SECONDS}},
-                    ["seconds"],
-                ),
-                Effect.READ_ONLY,
-            ),
-            _sleep,
-        ),
-        FunctionTool(
-            ToolSpec(
-                "append_file",
-                "Append a line of text to a file in the session's sandbox, after a delay.",
-                _object(
-                    {
-                        "path": {"type": "string"},
-                        "text": {"type": "string"},
-                        "delay_seconds": {
-                            "type": "number",
-                            "minimum": 0,
-                            "maximum": MAX_SLEEP_SECONDS,
-                        },
-                    },
-                    ["path", "text"],
-                ),
-                Effect.SIDE_EFFECTING,
-            ),
-            _append_file,
-            AppendFileProber(),
-        ),
-    ]
 
 
 def result_summary(value: Any, limit: int = 200) -> str:

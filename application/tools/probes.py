@@ -15,7 +15,9 @@ Command and Python probes answer with one JSON object on the last line of
 stdout, exit code 0: ``{"answer": "applied", "result": {...}}``. Anything
 else — another exit code, a timeout, no JSON, an unknown answer, ``applied``
 without a result — is ``unknown``, with what the probe printed (truncated)
-kept as evidence. Never success.
+kept as evidence. Never success. A probe is asked on a thread of its own and
+waited for at most its timeout and a margin: one stuck in a system call is
+``unknown``, and recovery goes on.
 
 Recovery (``settle``) runs a probe only after it has claimed the turn
 (fencing the old owner) and checked that neither the owning process nor any
@@ -29,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +52,8 @@ log = logging.getLogger("turnlog.probes")
 MAX_PRINTED_CHARS = 1000  # of a probe's output kept as evidence when its answer is unusable
 MAX_NOTE_CHARS = 500
 DEFAULT_PROBE_TIMEOUT = 10.0
+# Beyond a probe's timeout: a command probe is killed at its own timeout and answers then.
+PROBE_MARGIN_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,9 @@ def run_probe(
 ) -> tuple[ProbeReport, float]:
     """Ask the probe; a probe that raises or answers something unusable is ``unknown``."""
     started = time.monotonic()
+    bound = _probe_bound(prober)
     try:
-        report = prober.probe(arguments, context, pre_state)
+        report = _bounded_probe(prober, arguments, context, pre_state, bound)
         if not isinstance(report, ProbeReport):
             report = unknown(f"the probe returned {type(report).__name__}, not a report")
         elif report.answer is ProbeAnswer.APPLIED:
@@ -140,6 +146,41 @@ def run_probe(
         log.warning("probe raised: %s: %s", type(exc).__name__, str(exc)[:200])
         report = unknown(f"the probe failed: {type(exc).__name__}: {str(exc)[:300]}")
     return report, time.monotonic() - started
+
+
+def _probe_bound(prober: Prober) -> float:
+    """How long recovery waits for a probe: its own timeout (a command's) and a margin."""
+    own = getattr(prober, "timeout", None)
+    seconds = float(own) if isinstance(own, int | float) and own > 0 else DEFAULT_PROBE_TIMEOUT
+    return seconds + PROBE_MARGIN_SECONDS
+
+
+def _bounded_probe(
+    prober: Prober,
+    arguments: dict[str, Any],
+    context: ToolContext,
+    pre_state: dict[str, Any],
+    seconds: float,
+) -> Any:
+    """The probe's answer, asked on a thread of its own: a probe stuck in a system call
+    (an ``open()`` that blocks) is ``unknown`` at ``seconds`` instead of hanging recovery."""
+    ended: list[tuple[bool, Any]] = []
+
+    def ask() -> None:
+        try:
+            ended.append((True, prober.probe(arguments, context, pre_state)))
+        except BaseException as exc:  # raised on the caller's thread below
+            ended.append((False, exc))
+
+    thread = threading.Thread(target=ask, name="turnlog-probe", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not ended:
+        return unknown(f"the probe did not answer within {seconds:g}s")
+    answered, value = ended[0]
+    if answered:
+        return value
+    raise value
 
 
 def _storable(report: ProbeReport) -> ProbeReport:

@@ -17,6 +17,7 @@ from turnlog.application.store.logorder import Place
 from turnlog.application.store.recorder import Hint
 from turnlog.application.store.topics import WORK_MARK
 from turnlog.domain.session import Session
+from turnlog.domain.turns import Effect, ProbeAnswer
 from turnlog.interface.bootstrap import build_runtime
 
 
@@ -374,3 +375,33 @@ def _run_when_queued(runtime: Runtime, sid: str) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     run_queued_turn(runtime, sid)
+
+
+def test_the_unresolved_turn_refusal_carries_the_note_of_a_probe_that_could_not_tell(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api)
+    sessions = runtime.sessions
+    turn_id = sessions.submit_turn(UUID(sid), "/tool append_file {}").turn_id
+    claim, _ = sessions.update(UUID(sid), lambda s: s.claim_turn(turn_id, "gone:1:dead"))
+    call = {"call_id": "c1", "name": "append_file", "arguments": APPEND}
+    sessions.update(UUID(sid), lambda s: s.record_model_reply(turn_id, claim, "", [call]))
+    sessions.update(
+        UUID(sid),
+        lambda s: s.start_tool_call(turn_id, claim, "c1", "gone:1:dead", Effect.SIDE_EFFECTING),
+    )
+    ours, _ = sessions.update(UUID(sid), lambda s: s.claim_turn(turn_id, "recoverer"))
+    note = "the file changed, but not by exactly this line"
+
+    def probed(s: Session) -> None:
+        s.record_probe(turn_id, ours, "c1", ProbeAnswer.UNKNOWN, {}, note, 0.01, "recoverer")
+        s.interrupt_turn(turn_id, "gone:1:dead", "recoverer")
+
+    sessions.update(UUID(sid), probed)
+
+    refused = problem(
+        api.post(f"/v1/sessions/{sid}/turns", json={"message": "next"}), 409, "unresolved_turn"
+    )
+
+    [unknown] = refused["unknown_calls"]
+    assert unknown["probe"] == {"answer": "unknown", "note": note}

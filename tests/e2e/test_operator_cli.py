@@ -16,8 +16,10 @@ from uuid import UUID
 
 from tests.conftest import ROOT, raw_events, spawn_turnlog, turnlog
 from tests.fault.cluster import Cluster, poll
+from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
+from turnlog.domain.turns import Effect
 
 
 def test_version_prints_the_installed_version() -> None:
@@ -144,3 +146,32 @@ def test_listings_never_cut_ids_and_all_speak_json(settings: Settings, database:
     assert session_id in {s["session_id"] for s in as_json("sandboxes", "list")}
     assert as_json("workers") == []
     assert as_json("check")["open_turns"][0]["session_id"] == session_id
+
+
+def test_a_resolve_whose_continuation_a_live_worker_takes_succeeds(
+    settings: Settings, runtime: Runtime
+) -> None:
+    """The lease is held by a live process (here, this one, as serve's worker holds it)."""
+    sessions = runtime.sessions
+    sid = sessions.create_session().session_id
+    turn_id = sessions.submit_turn(sid, "/tool append_file").turn_id
+    claim, _ = sessions.update(sid, lambda s: s.claim_turn(turn_id, "gone:1:dead"))
+    call = {"call_id": "c1", "name": "append_file", "arguments": {"path": "f", "text": "x"}}
+    sessions.update(sid, lambda s: s.record_model_reply(turn_id, claim, "", [call]))
+    sessions.update(
+        sid, lambda s: s.start_tool_call(turn_id, claim, "c1", "gone:1:dead", Effect.SIDE_EFFECTING)
+    )
+    sessions.update(sid, lambda s: s.interrupt_turn(turn_id, "gone:1:dead"))
+    lease = runtime.leases.try_acquire(sid)
+    assert lease is not None
+    with lease:
+        done = turnlog(
+            settings, "turns", "resolve", str(sid), "c1",
+            "--outcome", "succeeded", "--result", "{}", "--actor", "ops",
+        )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "resolved as succeeded" in done.stdout
+    assert "continued by a live process" in done.stdout
+    assert "error" not in done.stderr
+    assert sessions.get_session(sid).call("c1").state == "resolved"

@@ -389,7 +389,8 @@ class Campaign:
         self.c = c
         self.say = say
         self.probes = probes
-        self.env = {"TURNLOG_PROBES": "1"} if probes else {}  # for every process started
+        # For every process started: probes are on by default, off here unless asked.
+        self.env = {"TURNLOG_PROBES": "1" if probes else "off"}
         self.probed = PROBED if probes else frozenset()
         self.aimed: list[str] = []  # how each kill aimed after a write went: hit | missed: …
         self.loads: list[float] = []  # the 1-minute load average at each kill

@@ -57,6 +57,7 @@ def main() -> int:
         namespace=f"chaos_{uuid.uuid4().hex[:8]}",
         data_dir=Path(tempfile.mkdtemp(prefix="turnlog-chaos-")),
         snapshot_interval=50,
+        probes=args.probes,
     )
     print(
         f"namespace {settings.namespace} on {database.describe()}; logs in {settings.data_dir};"

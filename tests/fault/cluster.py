@@ -206,6 +206,7 @@ def shared_namespace(database: Database, data_dir: Path) -> Iterator[Settings]:
             namespace=name,
             data_dir=data_dir,
             snapshot_interval=50,
+            probes=False,  # as the settings fixture: on where a test asks
         )
     finally:
         drop_namespace(database, name)

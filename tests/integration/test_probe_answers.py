@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.deadlines import scaled
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.tools.command import CommandProber, load_tools_file
 from turnlog.application.tools.context import ToolContext
-from turnlog.application.tools.probes import AppendFileProber, run_probe
+from turnlog.application.tools.probes import AppendFileProber, ProbeReport, run_probe
 from turnlog.application.tools.sandbox_files import append_line
 from turnlog.domain.turns import ProbeAnswer
 
@@ -149,3 +153,60 @@ def test_a_tools_file_declares_a_probe_and_refuses_a_bad_one(tmp_path: Path) -> 
     ):
         with pytest.raises(ConfigurationError):
             load(**bad)
+
+
+@dataclass(frozen=True)
+class _StuckProber:
+    """A probe stuck in a blocking open() of a pipe no one writes to."""
+
+    pipe: Path
+    timeout: float = 0.2
+    rerun_when_not_applied: bool = False
+
+    def prepare(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
+        return {}
+
+    def probe(
+        self, arguments: dict[str, Any], context: ToolContext, pre_state: dict[str, Any]
+    ) -> ProbeReport:
+        os.close(os.open(self.pipe, os.O_RDONLY))  # blocks until a writer comes
+        return ProbeReport(ProbeAnswer.NOT_APPLIED)
+
+
+def test_a_probe_stuck_in_a_system_call_is_unknown_at_its_bound(tmp_path: Path) -> None:
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    answered: list[Any] = []
+    asking = threading.Thread(
+        target=lambda: answered.append(run_probe(_StuckProber(pipe), {}, context(tmp_path), {})),
+        daemon=True,
+    )
+    try:
+        asking.start()
+        asking.join(scaled(15))
+        assert answered, "recovery's probe hangs"
+        report, _ = answered[0]
+        assert report.answer is ProbeAnswer.UNKNOWN
+        assert "did not answer within" in report.note
+    finally:
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))  # lets the stuck open return
+
+
+def test_append_file_probe_on_a_pipe_in_the_files_place_is_unknown_at_once(
+    tmp_path: Path,
+) -> None:
+    ctx = context(tmp_path)
+    os.mkfifo(ctx.sandbox / "a.txt")
+    arguments = {"path": "a.txt", "text": "x"}
+    pre_state = {"path": "a.txt", "exists": False, "size": 0}
+    answered: list[Any] = []
+    asking = threading.Thread(
+        target=lambda: answered.append(run_probe(AppendFileProber(), arguments, ctx, pre_state)),
+        daemon=True,
+    )
+    asking.start()
+    asking.join(scaled(15))
+    assert answered, "recovery's probe hangs on the pipe"
+    report, seconds = answered[0]
+    assert report.answer is ProbeAnswer.UNKNOWN and "not a regular file" in report.note
+    assert seconds < scaled(2)

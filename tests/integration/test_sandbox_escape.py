@@ -19,9 +19,10 @@ import pytest
 
 from tests.deadlines import scaled
 from turnlog.application.runtime import Runtime
+from turnlog.application.tools.builtin import builtin_tools
 from turnlog.application.tools.command import shell_tool
 from turnlog.application.tools.context import ToolContext
-from turnlog.application.tools.port import ToolError, ToolRegistry, builtin_tools
+from turnlog.application.tools.port import ToolError, ToolRegistry
 from turnlog.application.tools.sandbox_files import SandboxPathError, file_state, read_at
 from turnlog.application.tools.sandboxes import Sandboxes, _size
 

@@ -159,3 +159,31 @@ def test_stored_intents_without_the_new_fields_still_load() -> None:
         effect="side_effecting",
     )
     assert event.pre_state is None and event.owner is None
+
+
+def test_the_unresolved_turn_refusal_carries_the_note_of_a_probe_that_answered_unknown() -> None:
+    session = a_session()
+    turn_id = a_call_in_flight(session)
+    probe(session, turn_id, ProbeAnswer.UNKNOWN, "another file is in its place (inode changed)")
+    session.interrupt_turn(turn_id, WORKER, RECOVERER)
+
+    with pytest.raises(errors.UnresolvedTurn) as refused:
+        session.submit_turn("next")
+
+    [call] = refused.value.unknown_calls
+    assert call["probe"] == {
+        "answer": "unknown",
+        "note": "another file is in its place (inode changed)",
+    }
+    assert refused.value.extra["unknown_calls"][0]["probe"]["answer"] == "unknown"
+
+
+def test_the_unresolved_turn_refusal_names_no_probe_when_none_ran() -> None:
+    session = a_session()
+    turn_id = a_call_in_flight(session)
+    session.interrupt_turn(turn_id, WORKER, RECOVERER)
+
+    with pytest.raises(errors.UnresolvedTurn) as refused:
+        session.submit_turn("next")
+
+    assert "probe" not in refused.value.unknown_calls[0]

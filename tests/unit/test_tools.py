@@ -7,14 +7,13 @@ from typing import Any
 
 import pytest
 
+from turnlog.application.tools.builtin import MAX_SLEEP_SECONDS, builtin_tools
 from turnlog.application.tools.port import (
-    MAX_SLEEP_SECONDS,
     FunctionTool,
     ToolContext,
     ToolError,
     ToolRegistry,
     ToolSpec,
-    builtin_tools,
     check_arguments,
     result_summary,
 )
