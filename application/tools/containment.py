@@ -106,7 +106,7 @@ class Grant:
     network: bool = False
 
 
-def parse_grant(options: Any, defaults: Limits, *, network_allowed: bool = True) -> Grant:
+def parse_grant(options: Any, defaults: Limits) -> Grant:
     """A tool's ``sandbox`` table of the tools file as a Grant (ContainmentError if bad)."""
     if options is None:
         return Grant(defaults)
@@ -116,8 +116,6 @@ def parse_grant(options: Any, defaults: Limits, *, network_allowed: bool = True)
     network = options.pop("network", False)
     if not isinstance(network, bool):
         raise ContainmentError("sandbox network must be true or false")
-    if network and not network_allowed:
-        raise ContainmentError("a network grant is only for one tool, not for every tool")
     return Grant(defaults.updated(options), network)
 
 
@@ -356,3 +354,53 @@ def _check_host(containment: Containment) -> HostCheck:
     if facts.get("uid") == "0" or facts.get("system_writable") != "no":
         return HostCheck(False, f"the trial sandbox was not contained: {facts}", "", facts)
     return HostCheck(True, "", mode, facts)
+
+
+# ------------------------------------------------------------------ the tools file
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    """The tools file's ``[sandbox]`` table: default limits, and options per tool by name."""
+
+    defaults: Limits = field(default_factory=Limits)
+    per_tool: dict[str, Grant] = field(default_factory=dict)
+
+    def grant(self, name: str, inline: Any = None) -> Grant:
+        """A tool's grant: its own ``sandbox`` table, or ``[sandbox.tools.NAME]``, or defaults."""
+        if inline is not None:
+            if name in self.per_tool:
+                raise ContainmentError(
+                    f"sandbox options given twice (its own sandbox and [sandbox.tools.{name}])"
+                )
+            return parse_grant(inline, self.defaults)
+        return self.per_tool.get(name, Grant(self.defaults))
+
+
+def sandbox_options(data: Any) -> SandboxOptions:
+    """Parse ``[sandbox]`` of a tools file (``{}`` when absent); ContainmentError if bad."""
+    table = data.get("sandbox") if isinstance(data, dict) else None
+    if table is None:
+        return SandboxOptions()
+    if not isinstance(table, dict):
+        raise ContainmentError("[sandbox] must be a table")
+    table = dict(table)
+    tools = table.pop("tools", {})
+    if "network" in table:
+        raise ContainmentError(
+            "[sandbox]: network is granted to one tool at a time ([sandbox.tools.NAME]"
+            " or the tool's own sandbox table), never to every tool"
+        )
+    try:
+        defaults = Limits().updated(table)
+    except ContainmentError as exc:
+        raise ContainmentError(f"[sandbox]: {exc}") from None
+    if not isinstance(tools, dict):
+        raise ContainmentError("[sandbox.tools] must be a table of tables, one per tool")
+    per_tool: dict[str, Grant] = {}
+    for name, options in tools.items():
+        try:
+            per_tool[name] = parse_grant(options, defaults)
+        except ContainmentError as exc:
+            raise ContainmentError(f"[sandbox.tools.{name}]: tool {name!r}: {exc}") from None
+    return SandboxOptions(defaults, per_tool)
