@@ -511,6 +511,7 @@ class ReadyOut(BaseModel):
     status: Literal["ready"]
     role: str
     checks: dict[str, bool]
+    sandbox: str = "on"  # or "off: …", "unavailable: why" (docs/containment.md)
     horizon: dict[str, Any] | None = Field(
         default=None,
         description="The commit horizon readers of the log wait behind: age_seconds of the"
