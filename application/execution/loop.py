@@ -11,67 +11,36 @@ after a crash takes exactly the step an uninterrupted run would have taken.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any
 from uuid import UUID
 
-from turnlog.application.errors import ConcurrentModification, LeaseLost
-from turnlog.application.execution.cancel_watch import POLL_SECONDS, CancelWatch, utc_now
+from turnlog.application.errors import LeaseLost
+from turnlog.application.execution.cancel_watch import POLL_SECONDS, utc_now
+from turnlog.application.execution.fencing import LeaseCheck, Unleased
+from turnlog.application.execution.tool_step import ToolStep
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved, cancel_kind
 from turnlog.application.providers.port import ModelReply, ProviderError, ProviderRegistry
 from turnlog.application.providers.reply_deltas import DeltaHub
 from turnlog.application.sessions import Sessions
-from turnlog.application.tools.context import ToolContext
-from turnlog.application.tools.errors import (
-    MAX_ERROR_CHARS,
-    error_text,
-    log_text,
-    shorten,
-    without_paths,
-)
-from turnlog.application.tools.port import ToolError, ToolOutcomeUnknown, ToolRegistry
-from turnlog.application.tools.probes import owner_identity, prober_of
-from turnlog.application.tools.sandbox_files import SandboxPathError, ensure_sandbox
+from turnlog.application.tools.port import ToolRegistry
+from turnlog.application.tools.probes import owner_identity
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
-from turnlog.domain.turns import Effect, ToolCall, ToolProcess, Turn, TurnState
-from turnlog.domain.values import check_storable, storable_text
+from turnlog.domain.turns import Effect, ToolCall, Turn, TurnState
 
-T = TypeVar("T")
 log = logging.getLogger("turnlog.execution")
 
 
-class LeaseCheck(Protocol):
-    """Something that raises LeaseLost when this process no longer owns the turn."""
-
-    def check(self) -> None: ...
-
-    def guard(self, still_ours: Callable[[], bool] | None) -> None:
-        """Whom to ask, after a lost lock was taken back, whether the turn is still ours."""
-        ...
-
-
-class Unleased:
-    """For callers that fence by claim alone (tests, single-process tools)."""
-
-    def check(self) -> None:
-        return None
-
-    def guard(self, still_ours: Callable[[], bool] | None) -> None:
-        return None
-
-
 @dataclass
-class Executor:
+class Executor(ToolStep):
     """Runs turns in this process on behalf of one worker id."""
 
     sessions: Sessions
@@ -333,220 +302,3 @@ class Executor:
             if self.tools.get(name) is None or not session.allows_tool(name):
                 return f"the model asked for unknown tool {name!r}"
         return ""
-
-    def _run_tool(
-        self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
-    ) -> Session:
-        with bound(call_id=call_id):
-            return self._run_call(session, turn_id, claim, call_id, lease)
-
-    def _run_call(
-        self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
-    ) -> Session:
-        call = session.call(call_id)
-        tool = self.tools.get(call.name)
-        if tool is None:
-            reason = f"tool {call.name!r} is not available in this process"
-            return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
-        effect = Effect(call.effect) if call.effect else tool.spec.effect
-        # What a probe will need if we die mid-call goes into the intent itself.
-        pre_state = self._pre_state(tool, session, call_id)
-        attempt, session = self._write_result(
-            session,
-            claim,
-            lambda s: s.start_tool_call(
-                turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
-            ),
-        )
-        # The intent is committed. Check ownership once more right before the
-        # side effect: a worker that lost its lease while paused must not act.
-        lease.check()
-        # A tool that spawns a process reports it through the context; recording
-        # it saves an event, so the session object may be replaced meanwhile.
-        current = [session]
-
-        def report_process(process: ToolProcess) -> None:
-            current[0] = self._write(
-                current[0],
-                claim,
-                lambda s: s.record_tool_process(turn_id, claim, call_id, attempt, process),
-            )
-            if context.stop.is_set():
-                # The call was stopped before this process was recorded: the
-                # watcher did not see it, so it must not start (its gate stays shut).
-                raise ToolError(f"{call.name}: stopped before it started")
-
-        context = self._context(session, call_id, attempt, report_process)
-        watch = CancelWatch(
-            self.sessions,
-            session.id,
-            turn_id,
-            call_id,
-            attempt,
-            effect,
-            context.stop,
-            session.turn(turn_id).deadline_at,
-            self.cancel_poll,
-            version=session.version,
-        )
-        with watch:
-            outcome, value = self._timed_invoke(tool, call.name, call.arguments, context)
-        # Ours still? A lease dropped while the tool ran has been taken back if
-        # no one claimed the turn meanwhile; otherwise the result is not ours to record.
-        lease.check()
-        session = current[0]
-        if watch.killed:
-            return self._stopped(session, turn_id, claim, effect)
-        if outcome == "unknown":
-            return self._outcome_unknown(session, turn_id, claim, effect, str(value))
-        if outcome == "succeeded":
-            return self._write(
-                session,
-                claim,
-                lambda s: s.record_tool_succeeded(turn_id, claim, call_id, attempt, value),
-            )
-        return self._write(
-            session,
-            claim,
-            lambda s: s.record_tool_failed(
-                turn_id, claim, call_id, attempt, self._public_error(str(value), context.sandbox)
-            ),
-        )
-
-    def _stopped(self, session: Session, turn_id: str, claim: int, effect: Effect) -> Session:
-        """The call was stopped mid-run because its turn must stop (cancel or deadline).
-
-        A safe call is recorded cancelled with its turn. A side-effecting one
-        (only a forced cancel stops it) may have acted or not: the turn is
-        interrupted, as when any owner dies mid-call, until an operator says.
-        """
-        if effect.safe_to_repeat:
-            now = utc_now()
-            stopped = self._write(session, claim, lambda s: s.finish_cancel(turn_id, now, claim))
-            return stopped
-        interrupted = self._write(
-            session, claim, lambda s: s.interrupt_turn(turn_id, self.worker_id, self.worker_id)
-        )
-        log.warning("side-effecting tool call killed by a forced cancel: outcome unknown")
-        self.observer.turn_ended("interrupted")
-        return interrupted
-
-    def _pre_state(self, tool: Any, session: Session, call_id: str) -> dict[str, Any]:
-        """The tool's probe's pre-state for the attempt about to start ({} when none)."""
-        prober = prober_of(tool)
-        if prober is None:
-            return {}
-        call = session.call(call_id)
-        context = ToolContext(
-            str(session.id),
-            call_id,
-            call.attempt + 1,
-            self.sandbox_root / str(session.id),
-            namespace=self.namespace,
-        )
-        try:
-            state = json.loads(json.dumps(prober.prepare(call.arguments, context)))
-            check_storable(state, "the probe's pre-state")
-        except Exception as exc:  # no pre-state: a probe will answer unknown
-            log.warning("probe pre-state not recorded: %s", log_text(exc))
-            return {}
-        return state if isinstance(state, dict) else {}
-
-    def _outcome_unknown(
-        self, session: Session, turn_id: str, claim: int, effect: Effect, reason: str
-    ) -> Session:
-        """The tool's other side died mid-call: the rules for an owner that died mid-call.
-
-        The call stays in flight. A call safe to repeat is run again by the
-        loop's next step (attempts bounded); any other interrupts the turn
-        until an operator says what happened.
-        """
-        log.warning("tool call outcome unknown: %s", shorten(reason, MAX_ERROR_CHARS))
-        if effect.safe_to_repeat:
-            return session
-        interrupted = self._write(
-            session, claim, lambda s: s.interrupt_turn(turn_id, self.worker_id, self.worker_id)
-        )
-        self.observer.turn_ended("interrupted")
-        return interrupted
-
-    def _context(
-        self,
-        session: Session,
-        call_id: str,
-        attempt: int,
-        report_process: Callable[[ToolProcess], None],
-    ) -> ToolContext:
-        sandbox = self.sandbox_root / str(session.id)
-        # A link in the sandbox's place is refused here and again by every tool
-        # that opens the sandbox (they open it without following links).
-        with contextlib.suppress(SandboxPathError):
-            ensure_sandbox(sandbox)
-        return ToolContext(
-            str(session.id), call_id, attempt, sandbox, report_process, self.namespace
-        )
-
-    def _public_error(self, text: str, sandbox: Path) -> str:
-        """A tool's error as it may leave the process: short, no host path, storable.
-
-        It is stored, shown by the API and sent to the model; an OSError's
-        message names the absolute path of the sandbox, which none of them needs.
-        """
-        places = [(str(sandbox), "<sandbox>"), (str(self.sandbox_root), "<sandboxes>")]
-        if self.sandbox_root.parent.name == "sandboxes":
-            places.append((str(self.sandbox_root.parent.parent), "<data dir>"))
-        return storable_text(shorten(without_paths(text, places), MAX_ERROR_CHARS))
-
-    def _timed_invoke(
-        self, tool: Any, name: str, arguments: dict[str, Any], context: ToolContext
-    ) -> tuple[str, Any]:
-        started = time.monotonic()
-        outcome = "lost"  # unless the tool returns: ownership was lost while it ran
-        try:
-            outcome, value = self._invoke(tool, arguments, context)
-            return outcome, value
-        finally:
-            seconds = time.monotonic() - started
-            self.observer.tool_called(name, outcome, seconds)
-            log.info("tool %s %s in %.3fs (attempt %d)", name, outcome, seconds, context.attempt)
-
-    def _invoke(
-        self, tool: Any, arguments: dict[str, Any], context: ToolContext
-    ) -> tuple[str, Any]:
-        try:
-            result = tool.run(arguments, context)
-            # Results are stored as JSON: anything else is rendered as text. A
-            # result the record cannot hold (a lone surrogate, nesting too deep)
-            # fails the call instead of failing every save of it, forever.
-            value = json.loads(json.dumps(result, default=str))
-            check_storable(value, "the tool's result")
-            return "succeeded", value
-        except ToolError as exc:
-            return "failed", str(exc)
-        except ToolOutcomeUnknown as exc:
-            return "unknown", str(exc)
-        except LeaseLost:
-            # Reporting a spawned process found the turn no longer ours: not the
-            # tool's failure, and nothing more may be recorded under this claim.
-            raise
-        except Exception as exc:  # a tool's own bug is that call's failure
-            # Bounded: one tool's chain of exceptions once made a 3 MB log record.
-            log.warning("tool raised: %s", log_text(exc))
-            return "failed", error_text(exc)
-
-    def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
-        return self._write_result(session, claim, decide)[1]
-
-    def _write_result(
-        self, session: Session, claim: int, decide: Callable[[Session], T]
-    ) -> tuple[T, Session]:
-        """Save a fenced step: what ``decide`` returned, and the session, now current.
-
-        A stale claim or a lost race means we no longer own the turn.
-        """
-        try:
-            return self.sessions.update(session.id, lambda s: (decide(s), s), current=session)[0]
-        except (domain_errors.StaleClaim, ConcurrentModification) as exc:
-            raise LeaseLost(f"turn ownership lost (claim {claim}): {exc}") from None
-        except domain_errors.InvalidTransition as exc:
-            raise LeaseLost(f"turn changed under us (claim {claim}): {exc.detail}") from None

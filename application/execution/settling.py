@@ -23,7 +23,8 @@ import logging
 from dataclasses import dataclass
 from uuid import UUID
 
-from turnlog.application.execution.loop import Executor, LeaseCheck
+from turnlog.application.execution.fencing import LeaseCheck
+from turnlog.application.execution.loop import Executor
 from turnlog.application.tools.probes import probe_context, prober_of, run_probe, still_acting
 from turnlog.domain.session import Session
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, ProbeAnswer
