@@ -10,7 +10,7 @@ thread running the turn and must return quickly and never raise.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from turnlog.domain.turns import DEADLINE_REASON
 
@@ -28,6 +28,9 @@ class Observer(Protocol):
 
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
         """A model call ended: ``outcome`` is ``replied`` or ``error``."""
+
+    def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
+        """A model reply's token usage, as its provider reported it."""
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         """A tool call ended: ``succeeded``, ``failed`` or ``lost`` (ownership lost meanwhile)."""
@@ -50,6 +53,9 @@ class Unobserved:
         return None
 
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
         return None
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:

@@ -373,6 +373,7 @@ class Sessions(Application[UUID]):
         *,
         enqueue: bool = False,
         deadline_seconds: float | None = None,
+        traceparent: str = "",
     ) -> Submitted:
         """Queue a user message as a new turn (or return the turn its key created).
 
@@ -387,7 +388,13 @@ class Sessions(Application[UUID]):
         def submit(s: Session) -> tuple[Turn | FinishedTurn, bool]:
             seconds = deadline_seconds or s.deadline_seconds or self.default_deadline_seconds
             deadline_at = deadline_after(datetime.now(UTC), seconds)
-            return s.submit_turn(message, idempotency_key, enqueue=enqueue, deadline_at=deadline_at)
+            return s.submit_turn(
+                message,
+                idempotency_key,
+                enqueue=enqueue,
+                deadline_at=deadline_at,
+                traceparent=traceparent,
+            )
 
         # A follow-up is submitted while a worker writes the turn ahead of it:
         # losing a race to those writes is expected, so it re-decides a few times.

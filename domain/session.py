@@ -373,6 +373,7 @@ class Session(Aggregate):
         *,
         enqueue: bool = False,
         deadline_at: datetime | None = None,
+        traceparent: str = "",
     ) -> tuple[Turn | FinishedTurn, bool]:
         """Queue a user message as a new turn; returns (turn, created).
 
@@ -380,6 +381,8 @@ class Session(Aggregate):
         ``enqueue``: while a turn is queued or running, queue this one behind
         it instead of refusing it (an interrupted turn still refuses it).
         ``deadline_at``: when the runtime cancels the turn (None: never).
+        ``traceparent``: the submitter's W3C trace context, which the turn's
+        span joins wherever it runs ('' : none; not stored then).
         """
         if idempotency_key and idempotency_key in self.idempotency_keys:
             turn_id = self.idempotency_keys[idempotency_key]
@@ -408,6 +411,7 @@ class Session(Aggregate):
             message=message,
             idempotency_key=idempotency_key,
             deadline_at=deadline_at,
+            **({"traceparent": traceparent} if traceparent else {}),
         )
         return self.turns[-1], True
 
@@ -945,6 +949,8 @@ class Session(Aggregate):
         idempotency_key: str
         # When the runtime cancels the turn (absent from older events: no deadline).
         deadline_at: datetime | None = None
+        # The submitter's W3C trace context (absent unless one was sent).
+        traceparent: str = ""
 
         def apply(self, aggregate: Any) -> None:
             s = cast(Session, aggregate)
@@ -957,6 +963,7 @@ class Session(Aggregate):
                     state_since=self.timestamp,
                     first_version=self.originator_version,
                     deadline_at=self.deadline_at,
+                    traceparent=self.traceparent,
                 )
             )
             if self.idempotency_key:

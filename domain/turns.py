@@ -197,6 +197,8 @@ class Turn:
     cancel_reason: str = ""
     cancel_actor: str = ""
     cancel_force: bool = False
+    # The submitter's W3C trace context (''): the turn's span joins that trace.
+    traceparent: str = ""
 
     def cancel_due(self, now: datetime | None) -> str:
         """Why the turn must stop now ('' when it need not): a cancel request or its deadline."""

@@ -52,6 +52,7 @@ from turnlog.application.tools.processes import unsupported_reason
 from turnlog.application.tools.python import PythonTool, load_modules, module_names
 from turnlog.domain.turns import Effect
 from turnlog.interface.roles import Role
+from turnlog.interface.tracing import build_tracer
 from turnlog.projections import ProjectionSupervisor, ReadModels
 
 log = logging.getLogger("turnlog.serve")
@@ -254,6 +255,7 @@ def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runt
         max_steps=settings.max_steps,
         namespace=settings.namespace,
         approval_tools=approval_tools(settings, tools),
+        tracer=build_tracer(),
     )
     return Runtime(
         settings=settings, db=db, sessions=sessions, executor=executor, leases_kept=leases_kept

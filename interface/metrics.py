@@ -40,6 +40,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from turnlog.application.tracing import usage_attributes
+
 if TYPE_CHECKING:
     from turnlog.interface.bootstrap import Process
 
@@ -91,6 +93,13 @@ class ExecutionMetrics:
             buckets=TOOL_BUCKETS,
             registry=registry,
         )
+        self.tokens = Counter(
+            "turnlog_model_tokens",
+            "Tokens of the model calls this process made, as providers reported them, by"
+            " provider and kind (input, output).",
+            ["provider", "kind"],
+            registry=registry,
+        )
         self.claims = Counter(
             "turnlog_turn_claims", "Turn claims taken by this process.", registry=registry
         )
@@ -130,6 +139,10 @@ class ExecutionMetrics:
 
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
         self.model_seconds.labels(provider, outcome).observe(seconds)
+
+    def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
+        for key, count in usage_attributes(usage).items():
+            self.tokens.labels(provider, key.rsplit(".", 1)[-1].removesuffix("_tokens")).inc(count)
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()

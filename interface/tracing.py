@@ -19,6 +19,7 @@ the OpenTelemetry GenAI semantic conventions:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -27,6 +28,20 @@ from turnlog.application.errors import ConfigurationError
 from turnlog.application.tracing import Span, Tracer, Untraced
 
 SYSTEM = "turnlog"
+# W3C trace context: version-trace id-parent id-flags, lowercase hex.
+TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
+
+
+def trace_context(header: str | None) -> str:
+    """A request's ``traceparent`` as kept with its turn; '' when absent or malformed.
+
+    A malformed one is ignored, as the W3C recommendation says, never refused:
+    a caller's tracing must not stop its turns.
+    """
+    value = (header or "").strip()
+    return value if TRACEPARENT.fullmatch(value) else ""
 
 
 def tracing_asked(env: Mapping[str, str]) -> bool:

@@ -31,6 +31,7 @@ from turnlog.application.providers.reply_deltas import DeltaHub
 from turnlog.application.sessions import Sessions
 from turnlog.application.tools.port import ToolRegistry
 from turnlog.application.tools.probes import owner_identity
+from turnlog.application.tracing import Tracer, Untraced, usage_attributes
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
@@ -50,6 +51,8 @@ class Executor(ToolStep):
     sandbox_root: Path
     max_steps: int = 8
     observer: Observer = field(default_factory=Unobserved)
+    # Spans of turns, model calls and tool calls (interface/tracing.py: OpenTelemetry).
+    tracer: Tracer = field(default_factory=Untraced)
     namespace: str = "default"  # part of each tool call's idempotency key
     # Pieces of replies as they stream, for this process's live subscribers (never stored).
     deltas: DeltaHub = field(default_factory=DeltaHub)
@@ -98,8 +101,15 @@ class Executor(ToolStep):
         # A lock dropped with its connection while we live is taken back, and
         # kept only if no one claimed the turn meanwhile (application/execution/leases.py).
         lease.guard(lambda: self._still_ours(session_id, turn_id, claim))
+        # The submitter's trace, kept with the turn: its span joins it in any process.
+        traceparent = session.turn(turn_id).traceparent
         try:
-            return self._steps(session, turn_id, claim, lease, stop)
+            with self.tracer.turn(str(session_id), turn_id, traceparent) as span:
+                turn = self._steps(session, turn_id, claim, lease, stop)
+                span.set({"turnlog.turn.state": str(turn.state), "turnlog.turn.claim": claim})
+                if turn.state in (TurnState.FAILED, TurnState.INTERRUPTED):
+                    span.fail(str(turn.state))
+                return turn
         finally:
             lease.guard(None)
 
@@ -239,15 +249,19 @@ class Executor(ToolStep):
         request = self.sessions.request_for(session)
         started = time.monotonic()
         step = len(session.turn(turn_id).steps) + 1  # the step ModelReplied will record
-        try:
-            with self.deltas.streaming(session.id, turn_id, step):
-                reply = self.providers.get(session.provider).complete(request)
-        except ProviderError as exc:
-            self.observer.model_called(session.provider, "error", time.monotonic() - started)
-            reason = f"provider error: {exc}"
-            return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+        with self.tracer.model_call(session.provider, request.model) as span:
+            try:
+                with self.deltas.streaming(session.id, turn_id, step):
+                    reply = self.providers.get(session.provider).complete(request)
+            except ProviderError as exc:
+                span.fail("provider_error")
+                self.observer.model_called(session.provider, "error", time.monotonic() - started)
+                reason = f"provider error: {exc}"
+                return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
+            span.set(usage_attributes(reply.usage))
         seconds = time.monotonic() - started
         self.observer.model_called(session.provider, "replied", seconds)
+        self.observer.tokens_used(session.provider, reply.usage)
         log.info("model replied in %.3fs with %d tool call(s)", seconds, len(reply.tool_calls))
         problem = self._reply_problem(session, reply)
 

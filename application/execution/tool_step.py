@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from turnlog.application.tools.errors import (
 from turnlog.application.tools.port import ToolError, ToolOutcomeUnknown, ToolRegistry
 from turnlog.application.tools.probes import prober_of
 from turnlog.application.tools.sandbox_files import SandboxPathError, ensure_sandbox
+from turnlog.application.tracing import Tracer
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect, ToolProcess
 from turnlog.domain.values import check_storable, storable_text
@@ -47,6 +49,7 @@ class ToolStep(Fenced):
     worker_id: str
     sandbox_root: Path
     observer: Observer
+    tracer: Tracer
     namespace: str
     cancel_poll: float
     owner: dict[str, Any]
@@ -220,7 +223,12 @@ class ToolStep(Fenced):
         started = time.monotonic()
         outcome = "lost"  # unless the tool returns: ownership was lost while it ran
         try:
-            outcome, value = self._invoke(tool, arguments, context)
+            with self.tracer.tool_call(name, context.call_id) as span:
+                # The tool's processes join the trace (TRACEPARENT in their environment).
+                context = replace(context, traceparent=self.tracer.traceparent())
+                outcome, value = self._invoke(tool, arguments, context)
+                if outcome != "succeeded":
+                    span.fail(outcome)
             return outcome, value
         finally:
             seconds = time.monotonic() - started

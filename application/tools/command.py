@@ -239,7 +239,7 @@ def shell_tool(
 
 def command_env(context: ToolContext) -> dict[str, str]:
     """A minimal environment: nothing of this process's settings or secrets leaks in."""
-    return {
+    return context.trace_env() | {
         "PATH": os.environ.get("PATH", os.defpath),
         "LANG": "C.UTF-8",
         "HOME": str(context.sandbox),

@@ -47,6 +47,12 @@ class ToolContext:
     # forced): a tool that waits should wait on it. Process-group tools are
     # also killed; the executor then records the call as stopped, whatever it returns.
     stop: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # The tool call's span as a W3C traceparent ('' when not traced), for its processes.
+    traceparent: str = ""
+
+    def trace_env(self) -> dict[str, str]:
+        """``TRACEPARENT`` of the call's span (W3C trace context), when the call is traced."""
+        return {"TRACEPARENT": self.traceparent} if self.traceparent else {}
 
     @property
     def idempotency_key(self) -> str:

@@ -208,7 +208,7 @@ class PythonTool:
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
         declared = self.declaration
-        env = {
+        env = context.trace_env() | {
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": "C.UTF-8",
             "HOME": str(context.sandbox),

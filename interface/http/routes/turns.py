@@ -6,7 +6,7 @@ import functools
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.sessions import Submitted
@@ -31,6 +31,7 @@ from turnlog.interface.http.schemas import (
     problems,
 )
 from turnlog.interface.http.waiting import turn_view, until_finished
+from turnlog.interface.tracing import trace_context
 
 router = APIRouter(prefix="/v1", tags=["turns"], route_class=ReadRetryRoute)
 
@@ -67,6 +68,12 @@ async def submit_turn(
             " or `enqueue` (queue this one behind it; turns run in the order submitted)."
         ),
     ] = "reject",
+    traceparent: Annotated[
+        str | None,
+        Header(
+            include_in_schema=False,  # W3C trace context: a malformed one is ignored, not refused
+        ),
+    ] = None,
 ) -> TurnWritten:
     """Submit a user message as a new turn.
 
@@ -100,6 +107,7 @@ async def submit_turn(
                 idempotency_key or "",
                 enqueue=multitask == "enqueue",
                 deadline_seconds=body.deadline_seconds,
+                traceparent=trace_context(traceparent),
             )
         )
         position = submitted.position
