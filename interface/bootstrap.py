@@ -76,7 +76,7 @@ def build_tools(settings: Settings) -> ToolRegistry:
         tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
     if settings.tools_file is not None:
         add_declared_tools(tools, settings.tools_file, settings.tool_output_bytes)
-        # Each MCP server is started once here to list its tools (refused if it cannot).
+        # Checked now; each MCP server starts when its tools are first needed.
         add_mcp_tools(tools, read_tools_file(settings.tools_file), settings.tools_file)
     for tool in load_modules(modules, settings.tool_output_bytes):
         try:
@@ -125,15 +125,26 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
     )
 
 
-def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runtime:
+def build_runtime(
+    settings: Settings, *, leases_kept: int = LEASES_KEPT, load_tools: bool = True
+) -> Runtime:
     """The application with its database, tools and providers (``Process.start`` calls it).
 
     ``leases_kept``: lease connections kept between leases (a worker: its concurrency).
+    ``load_tools``: list every MCP server's tools now (starting the servers), so a
+    server that cannot start stops the process here; False leaves that to the
+    first use, so a command that runs no tool starts no server.
     """
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
-    providers = build_providers(settings, tools)
-    db = database.locate(settings)
-    sessions = open_sessions(settings, db)
+    try:
+        if load_tools:
+            tools.load()
+        providers = build_providers(settings, tools)
+        db = database.locate(settings)
+        sessions = open_sessions(settings, db)
+    except BaseException:
+        tools.close()
+        raise
     sessions.default_deadline_seconds = settings.turn_deadline_seconds
     executor = Executor(
         sessions=sessions,
@@ -204,7 +215,10 @@ class Process:
             return self
         runs_worker = self.role is not None and self.role.runs_worker
         kept = max(LEASES_KEPT, self.worker_concurrency) if runs_worker else LEASES_KEPT
-        self.runtime = build_runtime(self.settings, leases_kept=kept)
+        # A serve role lists its MCP tools now (a server that is down stops it); a
+        # one-shot command only when it needs them (db status, check start none).
+        load = self.role is not None
+        self.runtime = build_runtime(self.settings, leases_kept=kept, load_tools=load)
         try:
             self._start_rest(self.runtime)
         except BaseException:

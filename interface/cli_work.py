@@ -102,6 +102,8 @@ def check(
     print_table(table)
     out.print(summarize(verdicts))
     if apply:
+        with refusals():
+            runtime.executor.tools.load()  # turns may run tools: their MCP servers first
         _apply(runtime, verdicts)
 
 

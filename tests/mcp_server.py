@@ -65,6 +65,16 @@ def slow_once(path: str, text: str, delay: float) -> dict[str, bool]:
     return {"written": True}
 
 
+COUNT = [0]  # this server process's state: a stateful server keeps it between calls
+
+
+@server.tool()
+def count() -> dict[str, int]:
+    """Add one to this process's counter; the new value, and the server's pid."""
+    COUNT[0] += 1
+    return {"count": COUNT[0], "pid": os.getpid()}
+
+
 @server.tool(annotations=READ_ONLY)
 def hang(seconds: float) -> str:
     """Sleep for seconds, then answer."""

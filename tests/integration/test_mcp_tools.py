@@ -29,6 +29,7 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 from turnlog.application.tools.context import idempotency_key
+from turnlog.application.tools.processes import identify
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime, build_tools
 
@@ -92,11 +93,14 @@ def test_a_servers_tools_are_discovered_with_schemas_and_effect_classes(
     mcp_settings: Settings,
 ) -> None:
     tools = build_tools(mcp_settings)
-    specs = {s.name: s for s in tools.specs([]) if s.name.startswith(("demo_", "ro_"))}
+    try:
+        specs = {s.name: s for s in tools.specs([]) if s.name.startswith(("demo_", "ro_"))}
+    finally:
+        tools.close()
 
     assert {n for n in specs if n.startswith("demo_")} == {
         "demo_echo", "demo_meta", "demo_store", "demo_append", "demo_hang", "demo_crash_once",
-        "demo_slow_once",
+        "demo_slow_once", "demo_count",
     }  # fmt: skip
     effects = {name: spec.effect for name, spec in specs.items()}
     assert effects["demo_echo"] is Effect.READ_ONLY  # readOnlyHint
@@ -149,6 +153,28 @@ def test_a_tool_reporting_an_error_fails_the_call(mcp_runtime: Runtime) -> None:
     assert "Tool demo_store returned: error: demo_store:" in turn.reply
 
 
+# ------------------------------------------------- one session per server
+
+
+def test_a_stateful_server_keeps_its_state_across_ten_calls_by_one_worker(
+    mcp_runtime: Runtime,
+) -> None:
+    session_id = mcp_runtime.sessions.create_session(tools=["demo_count"]).session_id
+    answers = []
+    for _ in range(10):
+        turn = mcp_runtime.send(session_id, "/tool demo_count {}").turn
+        answers.append(json.loads(turn.reply.removeprefix("Tool demo_count returned: ")))
+
+    assert [a["count"] for a in answers] == list(range(1, 11))
+    [pid] = {a["pid"] for a in answers}  # one server process served all ten
+    session = mcp_runtime.sessions.get_record(session_id)
+    recorded = [p for call in session.calls.values() for p in call.processes]
+    assert len(recorded) == 10  # each call recorded the server that ran it
+    assert {(p["pid"], p["server"]) for p in recorded} == {(pid, "demo")}
+    started = {p["process_started_at"] for p in recorded}
+    assert started == {identify(pid).started_at}  # type: ignore[union-attr]
+
+
 # ------------------------------------------------------- bad servers
 
 
@@ -191,7 +217,7 @@ def test_a_server_that_cannot_be_used_is_refused_at_start_up_naming_the_cause(
 ) -> None:
     path = tools_file(tmp_path, *entries)
     with pytest.raises(ConfigurationError, match=cause):
-        build_tools(settings.model_copy(update={"tools_file": path}))
+        build_runtime(settings.model_copy(update={"tools_file": path})).close()
 
 
 # --------------------------------------------------- deaths mid-call
@@ -202,10 +228,14 @@ def test_a_server_dying_mid_call_interrupts_the_turn_of_a_side_effecting_tool(
 ) -> None:
     session_id, turn = ask(mcp_runtime, "demo_crash_once", {"path": str(tmp_path / "crash")})
     assert turn.state == "interrupted"
-    assert topics(database, mcp_runtime.settings.namespace, session_id)[-2:] == [
+    assert topics(database, mcp_runtime.settings.namespace, session_id)[-3:] == [
         "ToolCallStarted",
+        "ToolCallProcessStarted",  # the server, on record before the request left
         "TurnInterrupted",
     ]
+    # The next call starts the server again.
+    _, turn = ask(mcp_runtime, "demo_echo", {"text": "again"})
+    assert turn.reply == 'Tool demo_echo returned: {"result": "again"}'
 
 
 def test_a_server_dying_mid_call_runs_a_read_only_tool_again(
