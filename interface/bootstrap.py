@@ -103,7 +103,8 @@ def python_tool_modules(settings: Settings) -> list[str]:
 def approval_tools(settings: Settings, tools: ToolRegistry) -> frozenset[str]:
     """TURNLOG_APPROVAL_TOOLS as names; a name no tool has is refused at start-up."""
     names = split_names(settings.approval_tools or "")
-    unknown = sorted(set(names) - set(tools.names()))
+    # Looked up by name: only an MCP server that may offer one of them is started.
+    unknown = sorted(n for n in set(names) if tools.get(n) is None)
     if unknown:
         raise ConfigurationError(f"TURNLOG_APPROVAL_TOOLS names unknown tools: {unknown}")
     return frozenset(names)

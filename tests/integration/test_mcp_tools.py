@@ -29,7 +29,8 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 from turnlog.application.tools.context import idempotency_key
-from turnlog.application.tools.processes import identify
+from turnlog.application.tools.processes import identify, proc_stat
+from turnlog.application.tools.sandboxes import Sandboxes
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime, build_tools
 
@@ -175,6 +176,78 @@ def test_a_stateful_server_keeps_its_state_across_ten_calls_by_one_worker(
     assert started == {identify(pid).started_at}  # type: ignore[union-attr]
 
 
+def test_gc_leaves_the_server_of_a_live_worker_alone(mcp_runtime: Runtime) -> None:
+    session_id, turn = ask(mcp_runtime, "demo_count", {})
+    assert turn.state == "completed"
+    mcp_runtime.sessions.close_session(session_id, "finished", "ops")
+    [tool] = [mcp_runtime.executor.tools.get("demo_count")]
+    server = tool.sessions.processes()["demo"]  # type: ignore[union-attr]
+    sandboxes = Sandboxes(mcp_runtime.sessions, mcp_runtime.settings.sandbox_root)
+
+    assert [s.processes for s in sandboxes.scan() if s.session_id == str(session_id)] == [[]]
+    actions = [(a.session_id, a.action) for a in sandboxes.gc()]
+
+    assert (str(session_id), "removed") in actions  # the server is not the session's
+    assert not any(a == "killed" for _, a in actions)
+    assert not gone(server.pid)
+    _, turn = ask(mcp_runtime, "demo_count", {})  # and it still serves
+    assert json.loads(turn.reply.removeprefix("Tool demo_count returned: "))["count"] == 2
+
+
+# ------------------------------------------------ commands that run no tool
+
+STARTS = "import pathlib, runpy, sys; pathlib.Path(sys.argv[1]).touch(); runpy.run_module('tests.mcp_server', run_name='__main__')"  # noqa: E501
+
+
+def _cli(settings: Settings, tools: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "turnlog", *args],
+        capture_output=True, text=True, env=turnlog_env(settings, TURNLOG_TOOLS_FILE=str(tools)),
+        cwd=ROOT, timeout=scaled(120),
+    )  # fmt: skip
+
+
+def test_commands_that_run_no_tool_start_no_server_and_do_not_need_one(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    path = tools_file(
+        tmp_path,
+        server_entry("up", command=[sys.executable, "-c", STARTS, str(started)]),
+        server_entry("down", command=["/nonexistent/mcp-server"]),
+    )
+    for command in (["db", "status"], ["check"], ["db", "init"], ["sessions", "list"]):
+        done = _cli(settings, path, *command)
+        assert done.returncode == 0, (command, done.stderr)
+    assert not started.exists()  # no command above started a server
+
+    # A command that needs the tools still refuses the server that is down, naming it.
+    listed = _cli(settings, path, "tools", "list")
+    assert listed.returncode == 2
+    assert "MCP server 'down' could not start: FileNotFoundError" in listed.stderr
+
+
+def test_a_message_is_not_taken_while_a_server_it_may_need_is_down(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    path = tools_file(tmp_path, server_entry("down", command=["/nonexistent/mcp-server"]))
+    session_id = new_session(settings)
+
+    done = _cli(settings, path, "sessions", "send", session_id, "hello")
+
+    assert done.returncode == 2, done.stderr
+    assert "MCP server 'down' could not start" in done.stderr
+    assert "TurnSubmitted" not in topics(database, settings.namespace, UUID(session_id))
+
+
+def new_session(settings: Settings) -> str:
+    rt = build_runtime(settings)
+    try:
+        return str(rt.sessions.create_session().session_id)
+    finally:
+        rt.close()
+
+
 # ------------------------------------------------------- bad servers
 
 
@@ -274,10 +347,27 @@ def _kill_mid_call(settings: Settings, tool: str, target: Path) -> str:
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    # The orphaned server would write when its delay ends: end it, as an operator would.
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(int(marker.read_text()), signal.SIGKILL)
+    server = int(marker.read_text())
+    try:
+        # The server dies with its worker: it cannot finish the call unseen.
+        eventually(lambda: gone(server), deadline=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)  # a failed check leaves nothing running
     return session_id
+
+
+def gone(pid: int) -> bool:
+    stat = proc_stat(pid)
+    return stat is None or stat[1] in "ZX"
+
+
+def _record(settings: Settings, session_id: str) -> Any:
+    rt = build_runtime(settings.model_copy(update={"tools_file": None}))
+    try:
+        return rt.sessions.get_record(UUID(session_id))
+    finally:
+        rt.close()
 
 
 def _send(settings: Settings, session_id: str, message: str) -> subprocess.CompletedProcess[str]:
@@ -302,6 +392,9 @@ def test_a_read_only_mcp_tool_whose_worker_was_killed_mid_call_is_run_again(
     assert kinds.count("ToolCallStarted") == 3  # killed attempt, its re-run, the next turn's
     assert "TurnInterrupted" not in kinds
     assert target.read_text() == "written\n"  # the re-run wrote; the killed attempt never did
+    session = _record(mcp_settings, session_id)
+    first = [p for p in session.calls[session.turns[0].steps[0].call_ids[0]].processes]
+    assert first[0]["attempt"] == 1 and first[0]["server"] == "ro"  # the killed one, on record
 
 
 @pytest.mark.fault
