@@ -158,8 +158,15 @@ def add_mcp_tools(registry: ToolRegistry, data: Any, source: Path) -> None:
             raise ConfigurationError(f"tools file {source}: two MCP servers named {server.name!r}")
         seen.add(server.name)
         registry.defer(
-            str(server), server.prefix.startswith, functools.partial(discover, server, sessions)
+            str(server),
+            functools.partial(_offers, server.prefix),
+            functools.partial(discover, server, sessions),
         )
+
+
+def _offers(prefix: str, name: str) -> bool:
+    """May the server with this prefix offer a tool of this name?"""
+    return name.startswith(prefix)
 
 
 def parse_server(entry: Any) -> McpServer:

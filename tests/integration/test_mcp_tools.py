@@ -194,6 +194,20 @@ def test_gc_leaves_the_server_of_a_live_worker_alone(mcp_runtime: Runtime) -> No
     assert json.loads(turn.reply.removeprefix("Tool demo_count returned: "))["count"] == 2
 
 
+def test_looking_up_a_tool_by_name_starts_only_the_server_that_may_offer_it(
+    mcp_settings: Settings,
+) -> None:
+    rt = build_runtime(mcp_settings, load_tools=False)  # as a one-shot command
+    try:
+        tool = rt.executor.tools.get("ro_echo")
+        assert tool is not None and tool.spec.effect is Effect.READ_ONLY
+        assert set(tool.sessions.processes()) == {"ro"}  # type: ignore[attr-defined]
+        assert rt.executor.tools.get("nobody_echo") is None  # no server's prefix: none starts
+        assert set(tool.sessions.processes()) == {"ro"}  # type: ignore[attr-defined]
+    finally:
+        rt.close()
+
+
 # ------------------------------------------------ commands that run no tool
 
 STARTS = "import pathlib, runpy, sys; pathlib.Path(sys.argv[1]).touch(); runpy.run_module('tests.mcp_server', run_name='__main__')"  # noqa: E501
