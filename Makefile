@@ -104,22 +104,27 @@ format: $(STAMP)
 clean-data:
 	rm -rf .turnlog
 
-# Chromium for the browser ring, installed when it is missing and this is root with apt-get;
-# otherwise a warning (the ring is then skipped, and the test summary says so loudly).
+# Chromium for the browser ring and bubblewrap for the tool sandbox (docs/containment.md),
+# installed when missing and this is root with apt-get; otherwise a warning (the browser ring
+# is then skipped, the test summary says so loudly; without bwrap the sandbox tests fail).
 browser-deps-if-root:
-	@if [ -n "$$TURNLOG_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; then :; \
+	@if { [ -n "$$TURNLOG_CHROMIUM" ] || command -v chromium >/dev/null 2>&1; } \
+		&& command -v bwrap >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		$(MAKE) --no-print-directory browser-deps \
-		|| echo "*** could not install Chromium: the browser ring will be skipped ***"; \
-	else echo "*** no Chromium, and no root with apt-get to install it: the browser ring" \
-		"will be skipped; install it with \`sudo make browser-deps\` ***"; fi
+		|| echo "*** could not install Chromium or bubblewrap: the browser ring will be skipped ***"; \
+	else echo "*** no Chromium or no bubblewrap, and no root with apt-get to install them: the" \
+		"browser ring will be skipped and tools cannot be sandboxed; install them with" \
+		"\`sudo make browser-deps\` ***"; fi
 
-# Debian's Chromium for the browser tests (tests/browser skips them, saying why, without it).
-# Quick when it is already installed; needs root and apt-get. Two runs at once (two clones)
-# take turns (flock) rather than fail on apt's lock.
+# Debian's Chromium for the browser tests (tests/browser skips them, saying why, without it)
+# and Debian's bubblewrap, the tool sandbox. Quick when both are installed; needs root and
+# apt-get. Two runs at once (two clones) take turns (flock) rather than fail on apt's lock.
 browser-deps:
-	@command -v chromium >/dev/null 2>&1 || { \
+	@{ command -v chromium >/dev/null 2>&1 && command -v bwrap >/dev/null 2>&1; } || { \
 		export DEBIAN_FRONTEND=noninteractive; \
 		$$(command -v flock >/dev/null && echo flock /tmp/turnlog-browser-deps.lock) sh -c \
-		'command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }'; }
+		'{ command -v chromium >/dev/null && command -v bwrap >/dev/null; } || { apt-get update -qq \
+		&& apt-get install -y -qq chromium bubblewrap >/dev/null; }'; }
 	@chromium --version 2>/dev/null | head -n1
+	@bwrap --version 2>/dev/null | head -n1

@@ -97,6 +97,12 @@ class Settings(BaseSettings):
     shell_timeout: float = Field(
         default=60.0, gt=0, le=3600, description="Seconds a `shell` command may run."
     )
+    sandbox: Literal["on", "off"] = Field(
+        default="on",
+        description="Tool processes run in an OS sandbox (bubblewrap; docs/containment.md)."
+        " `off` runs them unconfined, and every start warns; set it only where no sandbox"
+        " can be had.",
+    )
     probes: bool = Field(
         default=False,
         description="Recovery asks a tool's probe (append_file's, a declared `probe`) before"

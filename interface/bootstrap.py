@@ -17,7 +17,7 @@ import os
 import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution.leases import LEASES_KEPT
@@ -32,11 +32,19 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings, split_names
 from turnlog.application.store import database
 from turnlog.application.store.follower import LogFollower
-from turnlog.application.tools.command import add_declared_tools, read_tools_file, shell_tool
+from turnlog.application.tools.command import (
+    CommandTool,
+    file_sandbox_options,
+    load_tools_file,
+    read_tools_file,
+    shell_tool,
+)
+from turnlog.application.tools.containment import Containment, SandboxOptions, check_host
 from turnlog.application.tools.mcp_servers import add_mcp_tools
-from turnlog.application.tools.port import ToolRegistry, builtin_tools
+from turnlog.application.tools.port import Tool, ToolRegistry, builtin_tools
 from turnlog.application.tools.processes import unsupported_reason
-from turnlog.application.tools.python import load_modules, module_names
+from turnlog.application.tools.python import PythonTool, load_modules, module_names
+from turnlog.domain.turns import Effect
 from turnlog.interface.roles import Role
 from turnlog.projections import ProjectionSupervisor, ReadModels
 
@@ -65,26 +73,116 @@ def open_sessions(settings: Settings, db: database.Database) -> Sessions:
 
 
 def build_tools(settings: Settings) -> ToolRegistry:
-    """Built-ins, the shell tool when enabled, and the tools file (a bad file stops start-up)."""
+    """Built-ins, the shell tool when enabled, and the tools file (a bad file stops start-up).
+
+    Every tool process runs in the sandbox (docs/containment.md). Where the host
+    cannot make one, the side-effecting process tools are left out, saying why;
+    ``TURNLOG_SANDBOX=off`` runs them all unconfined, with a warning at every start.
+    """
     tools = ToolRegistry(builtin_tools())
     modules = python_tool_modules(settings)
+    data = read_tools_file(settings.tools_file) if settings.tools_file is not None else {}
+    options = (
+        file_sandbox_options(settings.tools_file, data)
+        if settings.tools_file is not None
+        else SandboxOptions()
+    )
+    containment = Containment(enabled=settings.sandbox == "on")
+    spawning: list[Tool] = []
     if settings.shell_tool or settings.tools_file is not None or modules:
         reason = unsupported_reason()
         if reason:
             raise ConfigurationError(reason)
     if settings.shell_tool:
-        tools.add(shell_tool(settings.shell_timeout, settings.tool_output_bytes))
+        grant = options.grant("shell")
+        spawning.append(
+            shell_tool(
+                settings.shell_timeout,
+                settings.tool_output_bytes,
+                grant=grant,
+                containment=containment,
+            )
+        )
     if settings.tools_file is not None:
-        add_declared_tools(tools, settings.tools_file, settings.tool_output_bytes)
-        # Checked now; each MCP server starts when its tools are first needed.
-        add_mcp_tools(tools, read_tools_file(settings.tools_file), settings.tools_file)
-    for tool in load_modules(modules, settings.tool_output_bytes):
+        spawning += load_tools_file(
+            settings.tools_file, settings.tool_output_bytes, containment, options
+        )
+    python_tools = load_modules(modules, settings.tool_output_bytes, containment, options)
+    _check_sandbox_names(settings, options, tools, [*spawning, *python_tools])
+    for tool in contained([*spawning, *python_tools], containment):
         try:
             tools.add(tool)
         except ValueError as exc:
+            if not isinstance(tool, PythonTool):
+                raise ConfigurationError(f"tools file {settings.tools_file}: {exc}") from None
             where = f"{tool.declaration.module}.{tool.declaration.function}"
             raise ConfigurationError(f"Python tool {where}: {exc}") from None
+    if settings.tools_file is not None:
+        # Checked now; each MCP server starts when its tools are first needed.
+        add_mcp_tools(tools, data, settings.tools_file)
     return tools
+
+
+def sandbox_state(settings: Settings) -> str:
+    """What /readyz and the console say of tool processes here."""
+    if settings.sandbox == "off":
+        return "off: tool processes run unconfined (TURNLOG_SANDBOX=off)"
+    host = check_host()
+    return "on" if host.ok else f"unavailable: {host.reason}"
+
+
+def contained(spawning: list[Tool], containment: Containment) -> list[Tool]:
+    """The process tools this host may offer: all when sandboxed (or the sandbox is off),
+    and only those that change nothing when the host cannot sandbox."""
+    if not spawning:
+        return spawning
+    if not containment.enabled:
+        log.warning(
+            "TURNLOG_SANDBOX=off: tool processes run unconfined, as this process's user, with"
+            " its file system and network; a tool can read and change anything this process can"
+        )
+        return spawning
+    host = check_host(containment)
+    if host.ok:
+        return spawning
+    left_out = sorted(t.spec.name for t in spawning if t.spec.effect == Effect.SIDE_EFFECTING)
+    kept = [t for t in spawning if t.spec.name not in left_out]
+    log.warning(
+        "no sandbox on this host (%s): side-effecting tools left out: %s; the others (%s) run"
+        " unconfined. Fix the host (`turnlog sandboxes check`), or set TURNLOG_SANDBOX=off"
+        " to run them all unconfined",
+        host.reason,
+        ", ".join(left_out) or "none",
+        ", ".join(t.spec.name for t in kept) or "none",
+    )
+    return [_unconfined(t) for t in kept]
+
+
+def _unconfined(tool: Tool) -> Tool:
+    off = Containment(enabled=False)
+    if isinstance(tool, CommandTool):
+        prober = tool.prober and replace(tool.prober, containment=off)
+        return replace(tool, containment=off, prober=prober)
+    if isinstance(tool, PythonTool):
+        return replace(tool, containment=off)
+    return tool
+
+
+def _check_sandbox_names(
+    settings: Settings, options: SandboxOptions, builtins: ToolRegistry, spawning: list[Tool]
+) -> None:
+    """Each ``[sandbox.tools.NAME]`` must name a tool that runs as a process here."""
+    names = {t.spec.name for t in spawning}
+    for name in options.per_tool:
+        if name in names:
+            continue
+        if builtins.get(name) is not None:
+            why = "runs inside turnlog, not as a process: it can have no sandbox options"
+        else:
+            why = "names no tool of this process (shell off, or no such tool)"
+        raise ConfigurationError(
+            f"tools file {settings.tools_file}: [sandbox.tools.{name}]: tool {name!r} {why}"
+        )
 
 
 def python_tool_modules(settings: Settings) -> list[str]:

@@ -9,11 +9,13 @@ import typer
 from rich.table import Table
 
 from turnlog.application.runtime import Runtime
+from turnlog.application.tools.containment import Containment, check_host
 from turnlog.application.tools.sandboxes import Action, Sandbox, Sandboxes
 from turnlog.interface.terminal import out, print_table, run
 
 sandboxes_app = typer.Typer(
-    help="Tool sandboxes on this host: list them, collect leftovers.", no_args_is_help=True
+    help="Tool sandboxes on this host: list them, collect leftovers, check the sandbox.",
+    no_args_is_help=True,
 )
 
 
@@ -64,6 +66,30 @@ def sandboxes_gc(
         out.print(f"{a.action:>12}  {a.target}  [session {a.session_id}: {a.reason}]", markup=False)
     if not actions:
         out.print("nothing to collect")
+
+
+@sandboxes_app.command("check")
+def sandboxes_check(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """What the tool sandbox can do on this host: one trial sandbox, what it saw inside.
+
+    Exit code 0 when tool processes are sandboxed, 1 when they cannot be (or
+    TURNLOG_SANDBOX=off). Needs no database.
+    """
+    enabled = ctx.find_root().obj.settings().sandbox == "on"
+    host = check_host(Containment(enabled=enabled))
+    if as_json:
+        typer.echo(json.dumps(host.as_dict()))
+    else:
+        if host.ok:
+            out.print(f"sandbox: on ({host.mode})", markup=False)
+        else:
+            out.print(f"sandbox: NOT available: {host.reason}", markup=False)
+        for key, value in host.facts.items():
+            out.print(f"  {key:>16}  {value}", markup=False)
+    raise typer.Exit(0 if host.ok else 1)
 
 
 def _human(size: int) -> str:

@@ -9,15 +9,19 @@ An element that names an optional argument the call left out is dropped, so
 ``"--limit={limit}"`` is passed only when ``limit`` is.
 
 The sandbox directory is the working directory and ``HOME``; the environment
-is minimal (no ``TURNLOG_*`` settings, no keys). It is not a security
-boundary: the command runs with this process's user and can reach anything it
-can. Run turnlog in a container when the model is not trusted.
+is minimal (no ``TURNLOG_*`` settings, no keys). The command runs in an OS
+sandbox (application/tools/containment.py, docs/containment.md): its own
+unprivileged user, namespaces of its own, the session's directory the only
+one it can write or even see of the data directory, no network unless the
+tool is granted it, and limits. A command the sandbox stopped at a limit
+(SIGXCPU, SIGXFSZ) is a failed call saying which limit.
 
 A tools file (``TURNLOG_TOOLS_FILE``, TOML or JSON) declares ``tools``, each
 with ``name``, ``description``, ``parameters`` (a JSON schema of an object),
 ``effect`` (read_only, idempotent, side_effecting), ``command`` and optionally
-``timeout_seconds`` and ``approval`` (``"required"``: each call waits for an
-operator's approval). A bad file is refused when the process starts.
+``timeout_seconds``, ``approval`` (``"required"``: each call waits for an
+operator's approval) and ``sandbox`` (its limits and network grant, over the
+file's ``[sandbox]`` defaults). A bad file is refused when the process starts.
 
 A declaration may add a ``probe``: an argv template with the same rules,
 run in the same sandbox with the same environment (and the intent's
@@ -32,14 +36,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import string
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.tools.containment import (
+    Containment,
+    ContainmentError,
+    Grant,
+    SandboxOptions,
+    sandbox_options,
+)
 from turnlog.application.tools.context import ToolContext
 from turnlog.application.tools.port import (
     Tool,
@@ -70,13 +82,14 @@ _ENTRY_KEYS = {
     "command",
     "timeout_seconds",
     "approval",
+    "sandbox",
 }
 APPROVALS = ("none", "required")
 # A declaration's probe (application/tools/probes.py).
 _ENTRY_KEYS |= {"probe", "probe_timeout_seconds", "rerun_when_not_applied"}
 # Sections of the tools file read elsewhere: Python tool modules (python_tools), MCP
 # servers (mcp_tools).
-OTHER_SECTIONS = {"modules", "mcp_servers"}
+OTHER_SECTIONS = {"modules", "mcp_servers", "sandbox"}
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 
 SHELL_SPEC = ToolSpec(
@@ -102,6 +115,8 @@ class CommandTool:
     timeout: float = DEFAULT_TIMEOUT
     output_limit: int = 16 * 1024
     prober: CommandProber | None = None
+    grant: Grant = field(default_factory=Grant)
+    containment: Containment = field(default_factory=Containment)
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
@@ -110,10 +125,13 @@ class CommandTool:
             # The working directory is the sandbox opened without following a
             # link, so a sandbox swapped for a link is refused, not entered.
             with sandbox_dir(context.sandbox) as fd:
+                spawn = self.containment.wrap(
+                    argv, sandbox=context.sandbox, env=command_env(context), grant=self.grant
+                )
                 result = run_command(
-                    argv,
+                    spawn.argv,
                     cwd=descriptor_path(fd, context.sandbox),
-                    env=command_env(context),
+                    env=spawn.env,
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=context.report_process,
@@ -125,6 +143,9 @@ class CommandTool:
                 f"{self.spec.name}: timed out after {self.timeout:g}s; its process group was "
                 f"killed. Output so far: {result.stdout[-500:]!r}"
             )
+        stopped = limit_hit(result.exit_code, self.grant if self.containment.enabled else None)
+        if stopped:
+            raise ToolError(f"{self.spec.name}: {stopped}. Output so far: {result.stdout[-500:]!r}")
         return {
             "exit_code": result.exit_code,
             "stdout": result.stdout,
@@ -141,6 +162,8 @@ class CommandProber:
     timeout: float = DEFAULT_PROBE_TIMEOUT
     rerun_when_not_applied: bool = False
     output_limit: int = 16 * 1024
+    grant: Grant = field(default_factory=Grant)
+    containment: Containment = field(default_factory=Containment)
 
     def prepare(self, arguments: dict[str, Any], context: ToolContext) -> dict[str, Any]:
         return {}  # a command cannot record anything before the intent is written
@@ -156,10 +179,13 @@ class CommandProber:
         }
         try:
             with sandbox_dir(context.sandbox) as fd:
+                spawn = self.containment.wrap(
+                    argv, sandbox=context.sandbox, env=env, grant=self.grant
+                )
                 result = run_command(
-                    argv,
+                    spawn.argv,
                     cwd=descriptor_path(fd, context.sandbox),
-                    env=env,
+                    env=spawn.env,
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=_unrecorded,  # a probe changes nothing: its process is not recorded
@@ -174,9 +200,41 @@ def _unrecorded(process: ToolProcess) -> None:
     return None
 
 
-def shell_tool(timeout: float, output_limit: int) -> CommandTool:
+# Exit statuses (128 + signal, as the shell reports a child's) of a process the kernel
+# stopped at one of the sandbox's limits.
+_LIMIT_SIGNALS = {
+    128 + signal.SIGXCPU: ("CPU time", "cpu_seconds", "s"),
+    128 + signal.SIGXFSZ: ("file size", "file_size_mb", " MiB"),
+    -signal.SIGXCPU: ("CPU time", "cpu_seconds", "s"),
+    -signal.SIGXFSZ: ("file size", "file_size_mb", " MiB"),
+}
+
+
+def limit_hit(exit_code: int | None, grant: Grant | None) -> str:
+    """Which sandbox limit stopped the command, judged by its exit status ('' when none)."""
+    if grant is None or exit_code not in _LIMIT_SIGNALS:
+        return ""
+    what, option, unit = _LIMIT_SIGNALS[exit_code]
+    value = getattr(grant.limits, option)
+    return f"stopped by the sandbox at its {what} limit ({option} = {value}{unit})"
+
+
+def shell_tool(
+    timeout: float,
+    output_limit: int,
+    *,
+    grant: Grant | None = None,
+    containment: Containment | None = None,
+) -> CommandTool:
     """The ``shell`` tool: side-effecting, off unless the settings turn it on."""
-    return CommandTool(SHELL_SPEC, ("/bin/sh", "-c", "{command}"), timeout, output_limit)
+    return CommandTool(
+        SHELL_SPEC,
+        ("/bin/sh", "-c", "{command}"),
+        timeout,
+        output_limit,
+        grant=grant or Grant(),
+        containment=containment or Containment(),
+    )
 
 
 def command_env(context: ToolContext) -> dict[str, str]:
@@ -227,18 +285,31 @@ def _as_text(value: Any) -> str:
 # ------------------------------------------------------------------ tools file
 
 
-def add_declared_tools(registry: ToolRegistry, path: Path, output_limit: int) -> None:
+def add_declared_tools(
+    registry: ToolRegistry,
+    path: Path,
+    output_limit: int,
+    containment: Containment | None = None,
+) -> None:
     """Add the tools of a tools file, refusing a bad file with one clear error."""
-    for tool in load_tools_file(path, output_limit):
+    for tool in load_tools_file(path, output_limit, containment):
         try:
             registry.add(tool)
         except ValueError as exc:
             raise ConfigurationError(f"tools file {path}: {exc}") from None
 
 
-def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
+def load_tools_file(
+    path: Path,
+    output_limit: int,
+    containment: Containment | None = None,
+    options: SandboxOptions | None = None,
+) -> list[Tool]:
     """Parse and check every declaration of a TOML or JSON tools file."""
     data = _read(path)
+    containment = containment or Containment()
+    if options is None:
+        options = file_sandbox_options(path, data)
     entries = data.get("tools") if isinstance(data, dict) else None
     if entries is None and isinstance(data, dict) and set(data) & OTHER_SECTIONS:
         entries = []  # a file of Python tool modules (or MCP servers) only
@@ -249,6 +320,9 @@ def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
     for index, entry in enumerate(entries, 1):
         try:
             tool = _declared_tool(entry, output_limit)
+            grant = options.grant(tool.spec.name, entry.get("sandbox"))
+            prober = tool.prober and replace(tool.prober, grant=grant, containment=containment)
+            tool = replace(tool, grant=grant, containment=containment, prober=prober)
         except (ValueError, TypeError) as exc:
             name = entry.get("name") if isinstance(entry, dict) else None
             label = f"tool #{index}" + (f" ({name!r})" if isinstance(name, str) else "")
@@ -258,6 +332,14 @@ def load_tools_file(path: Path, output_limit: int) -> list[Tool]:
         seen.add(tool.spec.name)
         tools.append(tool)
     return tools
+
+
+def file_sandbox_options(path: Path, data: Any) -> SandboxOptions:
+    """The file's ``[sandbox]`` table, or ConfigurationError naming the file and the tool."""
+    try:
+        return sandbox_options(data)
+    except ContainmentError as exc:
+        raise ConfigurationError(f"tools file {path}: {exc}") from None
 
 
 def read_tools_file(path: Path) -> Any:

@@ -12,12 +12,14 @@ imported, a function without type hints, or two tools with one name stop
 start-up with the cause named.
 
 Where they run: never in the worker's process. Each call is a fresh
-``python -m turnlog.application.tools.python_runner`` in the session's sandbox,
-its own process group, started like a command tool's process (its pid and
-start time recorded before it runs), so a tool that overruns its timeout is
-killed with its group and cannot wedge the worker, and a worker killed
-mid-call leaves the same record as for a command tool: recovery re-runs a
-``read_only`` or ``idempotent`` tool and interrupts the turn for a
+``python -m turnlog.application.tools.python_runner`` in the session's sandbox
+(the OS sandbox of application/tools/containment.py, with this interpreter and
+every ``sys.path`` directory visible read-only, so the modules and their
+imports load as they did here), its own process group, started like a
+command tool's process (its pid and start time recorded before it runs), so
+a tool that overruns its timeout is killed with its group and cannot wedge
+the worker, and a worker killed mid-call leaves the same record as for a
+command tool: recovery re-runs a ``read_only`` or ``idempotent`` tool and interrupts the turn for a
 ``side_effecting`` one (the outcome is unknown) — unless the tool declares a
 ``probe`` (and probes are on): a module-level function
 ``probe(arguments: dict, idempotency_key: str, pre_state: dict) -> dict``
@@ -34,12 +36,14 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, create_model
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.tools.containment import Containment, Grant, SandboxOptions
 from turnlog.application.tools.context import ToolContext
 from turnlog.application.tools.port import ToolError, ToolSpec, check_arguments
 from turnlog.application.tools.probes import (
@@ -188,6 +192,8 @@ class PythonTool:
     declaration: Declaration
     python_path: tuple[str, ...]
     output_limit: int = 16 * 1024
+    grant: Grant = field(default_factory=Grant)
+    containment: Containment = field(default_factory=Containment)
 
     @property
     def spec(self) -> ToolSpec:
@@ -197,7 +203,7 @@ class PythonTool:
     def prober(self) -> PythonProber | None:
         if not self.declaration.probe:
             return None
-        return PythonProber(self.declaration, self.python_path)
+        return PythonProber(self.declaration, self.python_path, self.grant, self.containment)
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
         check_arguments(self.spec, arguments)
@@ -214,10 +220,17 @@ class PythonTool:
             ARGUMENTS_ENV: json.dumps(arguments),
         }
         argv = [sys.executable, "-m", "turnlog.application.tools.python_runner"]
-        result = run_command(
+        spawn = self.containment.wrap(
             [*argv, declared.module, declared.function],
-            cwd=context.sandbox,
+            sandbox=context.sandbox,
             env=env,
+            grant=self.grant,
+            read_only=interpreter_paths(self.python_path),
+        )
+        result = run_command(
+            spawn.argv,
+            cwd=context.sandbox,
+            env=spawn.env,
             timeout=declared.timeout,
             output_limit=max(self.output_limit, 64 * 1024),
             report=context.report_process,
@@ -237,6 +250,8 @@ class PythonProber:
 
     declaration: Declaration
     python_path: tuple[str, ...]
+    grant: Grant = field(default_factory=Grant)
+    containment: Containment = field(default_factory=Containment)
 
     @property
     def rerun_when_not_applied(self) -> bool:
@@ -262,10 +277,17 @@ class PythonProber:
             PRE_STATE_ENV: json.dumps(pre_state),
         }
         argv = [sys.executable, "-m", "turnlog.application.tools.python_runner", "--probe"]
-        result = run_command(
+        spawn = self.containment.wrap(
             [*argv, declared.module, declared.probe],
-            cwd=context.sandbox,
+            sandbox=context.sandbox,
             env=env,
+            grant=self.grant,
+            read_only=interpreter_paths(self.python_path),
+        )
+        result = run_command(
+            spawn.argv,
+            cwd=context.sandbox,
+            env=spawn.env,
             timeout=declared.probe_timeout,
             output_limit=64 * 1024,
             report=lambda process: None,  # a probe changes nothing: not recorded
@@ -282,6 +304,12 @@ class PythonProber:
         if not isinstance(answer, dict):
             return unknown("the probe returned no answer object", **printed)
         return report_from(answer, printed)
+
+
+def interpreter_paths(python_path: tuple[str, ...]) -> list[Path]:
+    """What a tool process must read to start this interpreter and import what it imports."""
+    paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
+    return paths + [Path(p) for p in python_path if p and os.path.isdir(p)]
 
 
 def _answer(name: str, exit_code: int | None, stdout: str, stderr: str, truncated: bool) -> Any:
@@ -307,9 +335,16 @@ def module_names(setting: str | None, from_file: Iterable[str] = ()) -> list[str
     return list(dict.fromkeys([*names, *from_file]))
 
 
-def load_modules(names: Iterable[str], output_limit: int) -> list[PythonTool]:
+def load_modules(
+    names: Iterable[str],
+    output_limit: int,
+    containment: Containment | None = None,
+    options: SandboxOptions | None = None,
+) -> list[PythonTool]:
     """Import each module and collect its ``@tool`` functions; refuse with the cause named."""
     python_path = tuple(p or os.getcwd() for p in sys.path)
+    containment = containment or Containment()
+    options = options or SandboxOptions()
     tools: list[PythonTool] = []
     for name in names:
         try:
@@ -326,5 +361,8 @@ def load_modules(names: Iterable[str], output_limit: int) -> list[PythonTool]:
         found = [d for d in found if d.module == module.__name__]
         if not found:
             raise ConfigurationError(f"tool module {name!r} has no @turnlog.tool function")
-        tools += [PythonTool(d, python_path, output_limit) for d in found]
+        tools += [
+            PythonTool(d, python_path, output_limit, options.grant(d.spec.name), containment)
+            for d in found
+        ]
     return tools

@@ -58,6 +58,8 @@ def install(app: FastAPI, guards: Sequence[Depends]) -> None:
 
 
 def _render(request: Request, name: str, **context: Any) -> HTMLResponse:
+    # Every page says when tool processes run unconfined (TURNLOG_SANDBOX=off).
+    context["sandbox_off"] = request.app.state.turnlog.process.settings.sandbox == "off"
     return TEMPLATES.TemplateResponse(request, name, context, headers=HEADERS)
 
 

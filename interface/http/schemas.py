@@ -511,6 +511,11 @@ class ReadyOut(BaseModel):
     status: Literal["ready"]
     role: str
     checks: dict[str, bool]
+    sandbox: str = Field(
+        default="on",
+        description="Tool processes: `on` (sandboxed), `off: …`"
+        " (TURNLOG_SANDBOX=off, unconfined) or `unavailable: …` (why).",
+    )
     horizon: dict[str, Any] | None = Field(
         default=None,
         description="The commit horizon readers of the log wait behind: age_seconds of the"

@@ -87,6 +87,27 @@ def gone(pid: int) -> bool:
     return stat is None or stat[1] in "ZX"
 
 
+def running(marker: str) -> list[int]:
+    """Host pids whose command line holds ``marker`` (a pid printed inside a sandbox is its
+    pid namespace's, meaningless here)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and not gone(int(entry.name)):
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def wait_until_none_runs(marker: str, deadline: float = 10.0) -> None:
+    end = time.monotonic() + scaled(deadline)
+    while running(marker):
+        assert time.monotonic() < end, f"{running(marker)} still run {marker!r}"
+        time.sleep(0.02)
+
+
 def wait_until_gone(pid: int, deadline: float = 10.0) -> None:
     end = time.monotonic() + scaled(deadline)
     while not gone(pid):
@@ -148,20 +169,24 @@ def test_a_command_that_outlives_its_timeout_fails_and_its_process_group_is_kill
     session_id = new_session(rt)
     sandbox = rt.settings.sandbox_root / str(session_id)
 
-    call = call_tool(rt, session_id, "shell", {"command": "sleep 30 & echo $! > bg.pid; wait"})
+    marker = f"30.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    command = f"sleep {marker} & echo started > bg.txt; wait"
+
+    call = call_tool(rt, session_id, "shell", {"command": command})
 
     assert call.state == "failed" and "timed out after 1s" in call.error
-    background = int((sandbox / "bg.pid").read_text())
-    wait_until_gone(background)
+    assert (sandbox / "bg.txt").read_text() == "started\n"
+    wait_until_none_runs(marker)
 
 
 def test_what_a_finished_command_leaves_running_in_its_group_is_killed(
     shell_runtime: Runtime,
 ) -> None:
     rt = shell_runtime
-    call = call_tool(rt, new_session(rt), "shell", {"command": "sleep 30 & echo $!"})
+    marker = f"30.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    call = call_tool(rt, new_session(rt), "shell", {"command": f"sleep {marker} & echo $!"})
     assert call.state == "succeeded"
-    wait_until_gone(int(call.result["stdout"]))
+    wait_until_none_runs(marker)
 
 
 def test_a_command_whose_process_cannot_be_recorded_never_runs(tmp_path: Path) -> None:

@@ -203,8 +203,10 @@ def test_a_missing_module_stops_the_command_at_start_up(settings: Settings) -> N
 
 
 def _kill_mid_call(
-    settings: Settings, database: Database, modules: Path, tool: str, marker: Path
-) -> str:
+    settings: Settings, database: Database, modules: Path, tool: str, mark: str
+) -> tuple[str, Path]:
+    """Start a call of ``tool`` and SIGKILL its worker mid-call; its marker file is in the
+    session's sandbox (the one place a tool process can write)."""
     env = turnlog_env(
         settings, TURNLOG_TOOL_MODULES="sample_tools", PYTHONPATH=f"{modules}{os.pathsep}{ROOT}"
     )
@@ -214,6 +216,7 @@ def _kill_mid_call(
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     session_id = created.stdout.strip()
+    marker = settings.sandbox_root / session_id / mark
     arguments = {"seconds": 30, "marker": str(marker)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "turnlog", "sessions", "send", session_id,
@@ -234,19 +237,18 @@ def _kill_mid_call(
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    return session_id
+    return session_id, marker
 
 
 @pytest.mark.fault
 def test_a_read_only_python_tool_killed_mid_call_is_run_again(
     settings: Settings, database: Database, modules: Path, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "read.marks"
-    session_id = _kill_mid_call(settings, database, modules, "slow_read", marker)
+    session_id, marker = _kill_mid_call(settings, database, modules, "slow_read", "read.marks")
     # The killed call is run again as it was asked (30 s): let that run answer at once.
     Path(f"{marker}.release").touch()
     env = turnlog_env(settings, TURNLOG_TOOL_MODULES="sample_tools", PYTHONPATH=str(modules))
-    fast = json.dumps({"seconds": 0, "marker": str(tmp_path / "other.marks")})
+    fast = json.dumps({"seconds": 0, "marker": str(marker.parent / "other.marks")})
     done = subprocess.run(
         [sys.executable, "-m", "turnlog", "sessions", "send", session_id,
          f"/tool slow_read {fast}"],
@@ -261,8 +263,7 @@ def test_a_read_only_python_tool_killed_mid_call_is_run_again(
 def test_a_side_effecting_python_tool_killed_mid_call_leaves_its_outcome_unknown(
     settings: Settings, database: Database, modules: Path, tmp_path: Path
 ) -> None:
-    marker = tmp_path / "write.marks"
-    session_id = _kill_mid_call(settings, database, modules, "slow_write", marker)
+    session_id, _ = _kill_mid_call(settings, database, modules, "slow_write", "write.marks")
     env = turnlog_env(settings, TURNLOG_TOOL_MODULES="sample_tools", PYTHONPATH=str(modules))
     done = subprocess.run(
         [sys.executable, "-m", "turnlog", "sessions", "send", session_id, "hello"],

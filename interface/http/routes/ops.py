@@ -8,6 +8,7 @@ import psycopg
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from turnlog.interface.bootstrap import sandbox_state
 from turnlog.interface.http.deps import StateDep
 from turnlog.interface.http.schemas import HealthOut, ReadyOut, problems
 from turnlog.interface.problems import NotReady
@@ -32,7 +33,13 @@ def readyz(state: StateDep) -> ReadyOut:
     if not all(checks.values()):
         failing = ", ".join(k for k, ok in checks.items() if not ok)
         raise NotReady(f"not ready: {failing}", checks=checks, horizon=horizon)
-    return ReadyOut(status="ready", role=str(state.process.role), checks=checks, horizon=horizon)
+    return ReadyOut(
+        status="ready",
+        role=str(state.process.role),
+        checks=checks,
+        sandbox=sandbox_state(state.process.settings),
+        horizon=horizon,
+    )
 
 
 def _horizon(state: StateDep) -> dict[str, Any] | None:
