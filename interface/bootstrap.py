@@ -119,7 +119,8 @@ def build_tools(settings: Settings) -> ToolRegistry:
             raise ConfigurationError(f"Python tool {where}: {exc}") from None
     if settings.tools_file is not None:
         # Checked now; each MCP server starts when its tools are first needed.
-        add_mcp_tools(tools, data, settings.tools_file)
+        homes = settings.data_dir.resolve() / "mcp" / settings.namespace
+        add_mcp_tools(tools, data, settings.tools_file, containment, options.defaults, homes)
     return tools
 
 

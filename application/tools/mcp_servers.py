@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +41,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.tools.containment import (
+    Containment,
+    ContainmentError,
+    Grant,
+    Limits,
+    parse_grant,
+)
 from turnlog.application.tools.context import ToolContext
 from turnlog.application.tools.mcp_sessions import (
     START_TIMEOUT,
@@ -74,6 +81,7 @@ _SERVER_KEYS = {
     "timeout_seconds",
     "allowed_hosts",
     "tools",
+    "sandbox",
 }
 _TOOL_KEYS = {"effect", "timeout_seconds"}
 
@@ -136,12 +144,21 @@ def _result(name: str, result: Any) -> Any:
 # ------------------------------------------------------------ start-up
 
 
-def add_mcp_tools(registry: ToolRegistry, data: Any, source: Path) -> None:
+def add_mcp_tools(
+    registry: ToolRegistry,
+    data: Any,
+    source: Path,
+    containment: Containment | None = None,
+    defaults: Limits | None = None,
+    homes: Path | None = None,
+) -> None:
     """Check every ``[[mcp_servers]]`` entry now; list each server's tools on first need.
 
     The entries are checked here (a bad one stops start-up); a server is started
     only when the registry is asked for one of its tools (``ToolRegistry.defer``),
     so a command that runs no tool starts none. Their sessions close with the registry.
+    A stdio server runs in ``containment`` (its ``sandbox`` table over ``defaults``),
+    writing only in ``homes/<name>``.
     """
     entries = data.get("mcp_servers", []) if isinstance(data, dict) else []
     if not isinstance(entries, list):
@@ -151,12 +168,14 @@ def add_mcp_tools(registry: ToolRegistry, data: Any, source: Path) -> None:
     registry.on_close(sessions.close)
     for index, entry in enumerate(entries):
         try:
-            server = parse_server(entry)
+            server = parse_server(entry, defaults or Limits())
         except ValueError as exc:
             raise ConfigurationError(f"tools file {source}: mcp_servers[{index}]: {exc}") from None
         if server.name in seen:
             raise ConfigurationError(f"tools file {source}: two MCP servers named {server.name!r}")
         seen.add(server.name)
+        if containment is not None and homes is not None and server.command:
+            server = replace(server, containment=containment, home=str(homes / server.name))
         registry.defer(
             str(server),
             functools.partial(_offers, server.prefix),
@@ -169,7 +188,7 @@ def _offers(prefix: str, name: str) -> bool:
     return name.startswith(prefix)
 
 
-def parse_server(entry: Any) -> McpServer:
+def parse_server(entry: Any, defaults: Limits | None = None) -> McpServer:
     if not isinstance(entry, dict):
         raise ValueError("each MCP server must be a table (object)")
     unknown = sorted(set(entry) - _SERVER_KEYS)
@@ -203,6 +222,17 @@ def parse_server(entry: Any) -> McpServer:
     for tool, options in tools.items():
         _check_tool_options(name, tool, options)
     cwd = entry.get("cwd")
+    grant = None
+    if "sandbox" in entry:
+        if url is not None:
+            raise ValueError(
+                f"MCP server {name!r}: sandbox options are for a stdio server (command);"
+                " an HTTP server runs no process here"
+            )
+        try:
+            grant = parse_grant(entry["sandbox"], defaults or Limits())
+        except ContainmentError as exc:
+            raise ValueError(f"MCP server {name!r}: sandbox: {exc}") from None
     return McpServer(
         name=name,
         command=tuple(command or ()),
@@ -212,6 +242,7 @@ def parse_server(entry: Any) -> McpServer:
         prefix=prefix,
         timeout=_timeout(name, entry.get("timeout_seconds", DEFAULT_TIMEOUT)),
         tools=tools,
+        grant=grant if grant is not None else Grant(defaults or Limits()),
     )
 
 

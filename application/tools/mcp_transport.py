@@ -3,8 +3,8 @@
 ``spawn_stdio`` is the one function that starts a stdio server: in a session
 and process group of its own (its group can be killed at once), set to die
 with the thread that spawned it (PR_SET_PDEATHSIG, checked against a parent
-that died first), with the SDK's minimal environment and the file's ``env``.
-``server_argv`` is where a sandbox wraps its command. ``connected`` pumps
+that died first), with the SDK's minimal environment and the file's ``env``,
+inside the sandbox (``server_spawn``, application/tools/containment.py). ``connected`` pumps
 JSON-RPC lines between the server's pipes and the SDK's ``ClientSession``
 (the SDK's own stdio client cannot take such a spawn), keeps the end of the
 server's stderr for error messages, and ends the server on exit: stdin
@@ -16,14 +16,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
+import shutil
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from turnlog.application.tools.containment import Containment, Grant, check_host
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -49,6 +55,10 @@ class McpServer:
     prefix: str = ""
     timeout: float = DEFAULT_TIMEOUT
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A stdio server's sandbox: how to make it, its grant, and its own writable directory.
+    containment: Containment = field(default_factory=lambda: Containment(enabled=False))
+    grant: Grant | None = None
+    home: str = ""
 
     def __str__(self) -> str:
         return f"MCP server {self.name!r}"
@@ -95,9 +105,49 @@ def _die_with_parent(parent: int) -> Callable[[], None]:
     return preexec
 
 
-def server_argv(server: McpServer) -> list[str]:
-    """The argv that starts a stdio server: the one place a sandbox wraps it."""
-    return list(server.command)
+def server_spawn(server: McpServer) -> tuple[list[str], dict[str, str], str | None]:
+    """The argv, environment and working directory that start a stdio server.
+
+    In the sandbox (``containment``) when it is on and the host can make one:
+    its own ``home`` the only writable directory, its command (the program,
+    its install prefix) and ``cwd`` visible read-only, no network unless its
+    ``sandbox`` table grants it, the tools file's limits. A host that cannot
+    sandbox runs it as it is, with a warning.
+    """
+    argv, env = list(server.command), server_environment(server)
+    if not server.containment.enabled or not server.home:
+        return argv, env, server.cwd
+    host = check_host(server.containment)
+    if not host.ok:
+        log.warning("%s runs unconfined: no sandbox on this host (%s)", server, host.reason)
+        return argv, env, server.cwd
+    if shutil.which(argv[0], path=env.get("PATH")) is None:  # said here, not by prlimit inside
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
+    home = Path(server.home)
+    home.mkdir(parents=True, exist_ok=True)
+    spawn = server.containment.wrap(
+        argv, sandbox=home, env=env, grant=server.grant, read_only=_visible(server, env)
+    )
+    wrapped = list(spawn.argv)
+    if server.cwd:  # bwrap enters its cwd (read-only) rather than its home
+        at = wrapped.index("--chdir") + 1
+        wrapped[at] = os.path.abspath(server.cwd)
+    return wrapped, spawn.env, str(home)
+
+
+def _visible(server: McpServer, env: dict[str, str]) -> list[Path]:
+    """What the server must read: its program, that program's install prefix, its cwd."""
+    paths: list[Path] = []
+    found = shutil.which(server.command[0], path=env.get("PATH"))
+    for program in {Path(found)} | {Path(found).resolve()} if found else set():
+        paths.append(program.parent)
+        if program.parent.name == "bin":
+            paths.append(program.parent.parent)  # a virtualenv or a prefix: its libraries
+    if found and Path(found).resolve() == Path(sys.executable).resolve():
+        paths += [Path(sys.prefix), Path(sys.base_prefix)]
+    if server.cwd:
+        paths.append(Path(os.path.abspath(server.cwd)))
+    return paths
 
 
 def server_environment(server: McpServer) -> dict[str, str]:
@@ -113,13 +163,14 @@ async def spawn_stdio(server: McpServer) -> asyncio.subprocess.Process:
     Its own session and process group (so its group can be killed at once), and
     death with the spawning thread: the loop's, which lives as long as the process.
     """
+    argv, env, cwd = server_spawn(server)
     return await asyncio.create_subprocess_exec(
-        *server_argv(server),
+        *argv,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env=server_environment(server),
-        cwd=server.cwd,
+        env=env,
+        cwd=cwd,
         start_new_session=True,
         preexec_fn=_die_with_parent(os.getpid()),
         limit=MAX_MESSAGE_BYTES,

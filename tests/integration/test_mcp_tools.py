@@ -28,6 +28,7 @@ from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
+from turnlog.application.tools.containment import check_host
 from turnlog.application.tools.context import idempotency_key
 from turnlog.application.tools.processes import identify, proc_stat
 from turnlog.application.tools.sandboxes import Sandboxes
@@ -42,11 +43,17 @@ def server_entry(name: str, *, command: list[str] | None = None, **more: Any) ->
     if "url" not in more:
         lines.append(f"command = {json.dumps(command or SERVER)}")
     tools = more.pop("tools", {})
-    lines += [f"{key} = {json.dumps(value)}" for key, value in more.items()]
+    lines += [f"{key} = {_toml(value)}" for key, value in more.items()]
     for tool, options in tools.items():
         lines.append(f"[mcp_servers.tools.{tool}]")
         lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
     return "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, dict):  # an inline table
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    return json.dumps(value)
 
 
 def tools_file(tmp_path: Path, *entries: str) -> Path:
@@ -67,7 +74,11 @@ STANDARD = (
 
 @pytest.fixture
 def mcp_settings(settings: Settings, tmp_path: Path) -> Settings:
-    return settings.model_copy(update={"tools_file": tools_file(tmp_path, *STANDARD)})
+    # Unconfined: the test server's tools write where the tests look (tmp_path);
+    # test_a_stdio_server_runs_in_the_sandbox covers the sandbox.
+    return settings.model_copy(
+        update={"tools_file": tools_file(tmp_path, *STANDARD), "sandbox": "off"}
+    )
 
 
 @pytest.fixture
@@ -176,6 +187,47 @@ def test_a_stateful_server_keeps_its_state_across_ten_calls_by_one_worker(
     assert started == {identify(pid).started_at}  # type: ignore[union-attr]
 
 
+@pytest.mark.skipif(not check_host().ok, reason="no sandbox on this host")
+def test_a_stdio_server_runs_in_the_sandbox(settings: Settings, tmp_path: Path) -> None:
+    path = tools_file(tmp_path, server_entry("boxed", sandbox={"open_files": 256}))
+    rt = build_runtime(settings.model_copy(update={"tools_file": path}))
+    try:
+        session_id = rt.sessions.create_session(tools=["boxed_count", "boxed_store"]).session_id
+        counts = [
+            json.loads(rt.send(session_id, "/tool boxed_count {}").turn.reply.split(": ", 1)[1])
+            for _ in range(3)
+        ]
+        outside = tmp_path / "outside.txt"
+        store = {"path": str(outside), "value": "x"}
+        refused = rt.send(session_id, f"/tool boxed_store {json.dumps(store)}").turn.reply
+        home = rt.settings.data_dir.resolve() / "mcp" / rt.settings.namespace / "boxed"
+        inside = {"path": str(home / "inside.txt"), "value": "y"}
+        stored = rt.send(session_id, f"/tool boxed_store {json.dumps(inside)}").turn.reply
+        session = rt.sessions.get_record(session_id)
+    finally:
+        rt.close()
+
+    assert [c["count"] for c in counts] == [1, 2, 3]  # one sandboxed server, its state kept
+    assert {c["pid"] for c in counts} == {2}  # in a pid namespace of its own
+    assert "error: boxed_store:" in refused and not outside.exists()  # nothing else writable
+    assert '"stored": "y"' in stored and (home / "inside.txt").read_text() == "y"
+    recorded = [p for call in session.calls.values() for p in call.processes]
+    assert {p["server"] for p in recorded} == {"boxed"} and len(recorded) == 5
+
+
+def test_sandbox_options_are_refused_for_an_http_server_and_checked_for_stdio(
+    settings: Settings, tmp_path: Path
+) -> None:
+    for entry, cause in (
+        (server_entry("far", url="http://127.0.0.1:9/mcp", sandbox={"network": True}), "HTTP"),
+        (server_entry("neg", sandbox={"processes": -1}), "processes must be a whole number"),
+        (server_entry("odd", sandbox={"colour": 1}), "unknown sandbox options"),
+    ):
+        bad = settings.model_copy(update={"tools_file": tools_file(tmp_path, entry)})
+        with pytest.raises(ConfigurationError, match=cause):
+            build_runtime(bad).close()
+
+
 def test_gc_leaves_the_server_of_a_live_worker_alone(mcp_runtime: Runtime) -> None:
     session_id, turn = ask(mcp_runtime, "demo_count", {})
     assert turn.state == "completed"
@@ -214,10 +266,10 @@ STARTS = "import pathlib, runpy, sys; pathlib.Path(sys.argv[1]).touch(); runpy.r
 
 
 def _cli(settings: Settings, tools: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(tools), TURNLOG_SANDBOX="off")
     return subprocess.run(
         [sys.executable, "-m", "turnlog", *args],
-        capture_output=True, text=True, env=turnlog_env(settings, TURNLOG_TOOLS_FILE=str(tools)),
-        cwd=ROOT, timeout=scaled(120),
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(120),
     )  # fmt: skip
 
 
@@ -342,7 +394,7 @@ def test_a_server_dying_mid_call_runs_a_read_only_tool_again(
 
 
 def _kill_mid_call(settings: Settings, tool: str, target: Path) -> str:
-    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file))
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file), TURNLOG_SANDBOX="off")
     created = subprocess.run(
         [sys.executable, "-m", "turnlog", "sessions", "new"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
@@ -385,7 +437,7 @@ def _record(settings: Settings, session_id: str) -> Any:
 
 
 def _send(settings: Settings, session_id: str, message: str) -> subprocess.CompletedProcess[str]:
-    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file))
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(settings.tools_file), TURNLOG_SANDBOX="off")
     return subprocess.run(
         [sys.executable, "-m", "turnlog", "sessions", "send", session_id, message],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=180,
