@@ -155,7 +155,7 @@ class Containment:
         grant = grant or Grant()
         sandbox = Path(os.path.abspath(sandbox))
         mounts = Mounts(sandbox)
-        for path in read_only:
+        for path in [*read_only, *_program_paths(argv[0] if argv else "")]:
             mounts.read_only(Path(os.path.abspath(path)))
         args = [self.bwrap, *mounts.args(), *_namespaces(grant.network)]
         args += ["--die-with-parent", "--chdir", str(sandbox), "--"]
@@ -194,6 +194,24 @@ def _namespaces(network: bool) -> list[str]:
     args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--hostname", "sandbox"]
     return args if network else [*args, "--unshare-net"]
+
+
+def _program_paths(program: str) -> list[Path]:
+    """An absolute program outside the system dirs is visible read-only: the program
+    itself, or the whole virtual environment whose ``bin`` holds it."""
+    if not os.path.isabs(program):
+        return []
+    path = Path(program)
+    config = path.parent.parent / "pyvenv.cfg"
+    if config.is_file():  # the environment, and the installation its interpreter links to
+        home = [
+            Path(line.split("=", 1)[1].strip()).parent
+            for line in config.read_text(errors="replace").splitlines()
+            if line.split("=", 1)[0].strip() == "home" and "=" in line
+        ]
+        return [path.parent.parent, *home]
+    real = path.resolve()
+    return [path] if real == path else [path, real.parent.parent]
 
 
 def _hand_over(sandbox: Path, uid: int) -> None:

@@ -20,6 +20,22 @@ def test_healthz_and_readyz_answer_when_the_database_is_up(api: TestClient) -> N
     assert ready["checks"]["database"] is True
 
 
+def test_readyz_and_the_console_say_when_the_sandbox_is_off(
+    settings: Settings, runtime: Runtime
+) -> None:
+    for sandbox in ("on", "off"):
+        app = create_app(settings.model_copy(update={"sandbox": sandbox}), role="api", options=FAST)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            ready = client.get("/readyz").json()
+            page = client.get("/console").text
+        if sandbox == "on":
+            assert ready["sandbox"] == "on" and 'id="sandbox-off"' not in page
+        else:
+            assert ready["sandbox"].startswith("off: tool processes run unconfined")
+            assert ready["status"] == "ready"  # a warning, not an outage
+            assert 'id="sandbox-off"' in page and "TURNLOG_SANDBOX=off" in page
+
+
 def test_an_unreachable_database_is_503_with_retry_after_while_liveness_holds(
     settings: Settings, tmp_path: object
 ) -> None:

@@ -1,4 +1,4 @@
-"""Figure 13: an MCP tool call after the first, against the first and an in-process tool.
+"""Figure 14: an MCP tool call after the first, against the first and an in-process tool.
 
 One runtime with ``tests/mcp_server.py`` declared in its tools file. Its first
 call to the server's ``count`` tool starts the server (spawn, initialise, list);
@@ -53,7 +53,7 @@ def _turn_ms(rt: Runtime, session_id: Any, message: str) -> float:
     return elapsed
 
 
-def figure_13(db: Database, cfg: Config) -> Figure:
+def figure_14(db: Database, cfg: Config) -> Figure:
     calls = cfg.pick(200, 30)
     turns = cfg.pick(60, 10)
     with scratch_namespace(db) as settings:
@@ -76,11 +76,11 @@ def figure_13(db: Database, cfg: Config) -> Figure:
     extra = percentile(mcp_turns, 50) - percentile(echo_turns, 50)
     mcp, echo = Stat(mcp_turns, "ms"), Stat(echo_turns, "ms")
     return Figure(
-        13,
+        14,
         "an MCP call after the first",
         [
             Row(
-                "13a",
+                "14a",
                 f"MCP call 2..{calls}, p50 (vs the first, which starts the server)",
                 Stat([later_p50], "ms"),
                 Stat([first], "ms"),
@@ -89,7 +89,7 @@ def figure_13(db: Database, cfg: Config) -> Figure:
                 later_p50 <= TARGET_MS,
             ),
             Row(
-                "13b",
+                "14b",
                 f"MCP call 2..{calls}, p50 (vs the in-process echo tool, p50)",
                 Stat([later_p50], "ms"),
                 Stat([local_p50], "ms"),
@@ -99,7 +99,7 @@ def figure_13(db: Database, cfg: Config) -> Figure:
                 ratio_label=f"+{fmt(later_p50 - local_p50)} ms",
             ),
             Row(
-                "13c",
+                "14c",
                 f"a turn calling the MCP tool, {turns} turns (vs one calling echo)",
                 mcp,
                 echo,

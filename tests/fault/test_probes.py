@@ -203,7 +203,9 @@ def _hanging_probe_tools(tmp_path: Path) -> Path:
 def test_a_probe_that_hangs_is_cut_at_its_timeout_and_the_turn_interrupted_with_the_note(
     settings: Settings, database: Database, tmp_path: Path
 ) -> None:
-    env = {"TURNLOG_TOOLS_FILE": str(_hanging_probe_tools(tmp_path))}
+    # Unconfined: a sandboxed command dies with its worker, and this test needs one that
+    # outlives it (tests/fault/test_tool_processes.py has the sandboxed case).
+    env = {"TURNLOG_TOOLS_FILE": str(_hanging_probe_tools(tmp_path)), "TURNLOG_SANDBOX": "off"}
     session_id = new_session(settings, **env)
     proc = spawn(settings, "sessions", "send", session_id, "/tool charge {}", **env)
     try:

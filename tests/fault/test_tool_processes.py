@@ -1,10 +1,12 @@
 """A worker SIGKILLed while its `shell` tool runs: the orphaned process and `sandboxes gc`.
 
-The command outlives the worker (it leads its own process group). Its pid and
-start time are on record, so after the turn is interrupted an operator can
-see it; gc leaves it alone while the call's outcome is unknown, and kills
-exactly that process group once the turn is abandoned — never another
-session's, never a process that merely reuses the pid.
+In the sandbox (the default) the command dies with its worker (bwrap's
+--die-with-parent), so no call goes on unseen. Unconfined
+(TURNLOG_SANDBOX=off) the command outlives the worker (it leads its own
+process group). Its pid and start time are on record, so after the turn is
+interrupted an operator can see it; gc leaves it alone while the call's
+outcome is unknown, and kills exactly that process group once the turn is
+abandoned — never another session's, never a process that merely reuses the pid.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ SLEEP = '/tool shell {"command": "sleep 3600"}'
 
 @pytest.fixture
 def shell_settings(settings: Settings) -> Settings:
-    return settings.model_copy(update={"shell_tool": True})
+    # Unconfined: only a command outside the sandbox can outlive its worker.
+    return settings.model_copy(update={"shell_tool": True, "sandbox": "off"})
 
 
 @pytest.fixture
@@ -64,7 +67,7 @@ def turnlog(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "turnlog", *args],
         capture_output=True,
         text=True,
-        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),
+        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true", TURNLOG_SANDBOX=settings.sandbox),
         cwd=ROOT,
         timeout=60,
     )
@@ -104,7 +107,7 @@ def kill_worker_mid_sleep(
         [sys.executable, "-m", "turnlog", "sessions", "send", str(session_id), SLEEP],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true"),
+        env=turnlog_env(settings, TURNLOG_SHELL_TOOL="true", TURNLOG_SANDBOX=settings.sandbox),
         cwd=ROOT,
     )
     try:
@@ -135,6 +138,23 @@ def gc(settings: Settings, *flags: str) -> list[dict[str, str]]:
     done = turnlog(settings, "sandboxes", "gc", "--json", *flags)
     assert done.returncode == 0, done.stderr
     return list(json.loads(done.stdout))
+
+
+def test_a_sandboxed_command_dies_with_its_killed_worker(
+    settings: Settings, database: Database
+) -> None:
+    sandboxed = settings.model_copy(update={"shell_tool": True})
+    runtime = build_runtime(sandboxed)
+    try:
+        session_id = runtime.sessions.create_session(tools=["shell"]).session_id
+        process = kill_worker_mid_sleep(sandboxed, database, runtime, session_id)
+        poll(lambda: not group_members(process.pid), "the sandbox to die with its worker")
+        refused = turnlog(sandboxed, "sessions", "send", str(session_id), "next")
+        assert refused.returncode == 3, refused.stderr  # side-effecting: outcome unknown
+        [call] = runtime.sessions.get_session(session_id).calls.values()
+        assert call.state == "unknown"
+    finally:
+        runtime.close()
 
 
 def test_an_orphaned_command_is_kept_until_its_turn_is_abandoned_then_its_group_is_killed(

@@ -10,8 +10,11 @@ The limits are small (tools file ``[sandbox.tools.*]``), so it stays fast.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -21,13 +24,14 @@ from uuid import UUID
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, turnlog_env
 from tests.integration.test_command_tools import call_tool, running, wait_until_none_runs
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.application.tools.containment import check_host
-from turnlog.interface.bootstrap import build_runtime, build_tools
+from turnlog.application.tools.command import load_tools_file, shell_tool
+from turnlog.application.tools.containment import Containment, check_host
+from turnlog.interface.bootstrap import build_runtime, build_tools, contained
 
 SECRET = "sk-hostile-ring-must-not-leak"
 
@@ -308,3 +312,44 @@ def test_with_the_sandbox_off_a_tool_runs_unconfined(settings: Settings) -> None
         assert seen.result["stdout"] == f"{rt.settings.data_dir}\n{os.geteuid()}\n"
     finally:
         rt.close()
+
+
+def test_a_host_that_cannot_sandbox_gets_no_side_effecting_process_tools(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = Containment(bwrap=str(tmp_path / "no-bwrap"))
+    tools_file = tmp_path / "tools.toml"
+    tools_file.write_text(TOOLS)
+    declared = load_tools_file(tools_file, 1024, missing)
+    offered = contained([shell_tool(5, 1024, containment=missing), *declared], missing)
+
+    assert [t.spec.name for t in offered] == ["dial"]  # read_only: kept, unconfined
+    assert all(not t.containment.enabled for t in offered)
+    [warning] = [r.getMessage() for r in caplog.records if "no sandbox" in r.getMessage()]
+    assert "no-bwrap not found" in warning and "left out: shell" in warning
+
+
+def test_sandboxes_check_reports_what_the_sandbox_does_here(settings: Settings) -> None:
+    def check(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "turnlog", "sandboxes", "check", "--json"],
+            capture_output=True,
+            text=True,
+            env=turnlog_env(settings, **env),
+            cwd=ROOT,
+            timeout=60,
+        )
+
+    done = check()
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] is True and report["facts"]["uid"] != "0"
+    facts = report["facts"]
+    assert (facts["no_new_privs"], facts["capabilities"]) == ("1", "0000000000000000")
+    assert (facts["interfaces"], facts["system_writable"], facts["others_visible"]) == (
+        "lo",
+        "no",
+        "0",
+    )
+    off = check(TURNLOG_SANDBOX="off")
+    assert off.returncode == 1 and json.loads(off.stdout)["ok"] is False

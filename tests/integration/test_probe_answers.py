@@ -24,7 +24,9 @@ def context(tmp_path: Path) -> ToolContext:
 
 
 def answering(tmp_path: Path, script: str, timeout: float = 10) -> Any:
-    path = tmp_path / "probe.py"  # a file: braces in an argv template are placeholders
+    # A file (braces in an argv template are placeholders), in the sandbox: the one
+    # directory of the host the probe's process sees besides the system's.
+    path = context(tmp_path).sandbox / "probe.py"
     path.write_text(script)
     prober = CommandProber((sys.executable, str(path)), timeout)
     return run_probe(prober, {"order": "o-1"}, context(tmp_path), {"seen": 1})[0]
