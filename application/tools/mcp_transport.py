@@ -131,22 +131,27 @@ def server_spawn(server: McpServer) -> tuple[list[str], dict[str, str], str | No
     wrapped = list(spawn.argv)
     if server.cwd:  # bwrap enters its cwd (read-only) rather than its home
         at = wrapped.index("--chdir") + 1
-        wrapped[at] = os.path.abspath(server.cwd)
+        wrapped[at] = os.path.realpath(server.cwd)
     return wrapped, spawn.env, str(home)
 
 
 def _visible(server: McpServer, env: dict[str, str]) -> list[Path]:
-    """What the server must read: its program, that program's install prefix, its cwd."""
+    """What the server must read: its program, that program's install prefix, its cwd.
+
+    Real paths: a bind under a link (a checkout's ``.venv`` linking elsewhere)
+    would show the link and not what it points to.
+    """
     paths: list[Path] = []
     found = shutil.which(server.command[0], path=env.get("PATH"))
-    for program in {Path(found)} | {Path(found).resolve()} if found else set():
-        paths.append(program.parent)
-        if program.parent.name == "bin":
-            paths.append(program.parent.parent)  # a virtualenv or a prefix: its libraries
-    if found and Path(found).resolve() == Path(sys.executable).resolve():
-        paths += [Path(sys.prefix), Path(sys.base_prefix)]
+    if found:
+        for folder in {Path(os.path.realpath(Path(found).parent)), Path(found).resolve().parent}:
+            paths.append(folder)
+            if folder.name == "bin":
+                paths.append(folder.parent)  # a virtualenv or a prefix: its libraries
+        if Path(found).resolve() == Path(sys.executable).resolve():
+            paths += [Path(os.path.realpath(sys.prefix)), Path(os.path.realpath(sys.base_prefix))]
     if server.cwd:
-        paths.append(Path(os.path.abspath(server.cwd)))
+        paths.append(Path(os.path.realpath(server.cwd)))
     return paths
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,8 +189,24 @@ def test_a_stateful_server_keeps_its_state_across_ten_calls_by_one_worker(
 
 
 @pytest.mark.skipif(not check_host().ok, reason="no sandbox on this host")
-def test_a_stdio_server_runs_in_the_sandbox(settings: Settings, tmp_path: Path) -> None:
-    path = tools_file(tmp_path, server_entry("boxed", sandbox={"open_files": 256}))
+@pytest.mark.parametrize("linked", [False, True], ids=["program", "program-behind-a-link"])
+def test_a_stdio_server_runs_in_the_sandbox(
+    settings: Settings, tmp_path: Path, linked: bool
+) -> None:
+    python, cwd = Path(sys.executable), ROOT
+    if linked:  # a checkout (its cwd) whose .venv links to the real one, as here
+        cwd = tmp_path / "checkout"
+        (cwd / "tests").mkdir(parents=True)
+        for name in ("__init__.py", "mcp_server.py"):
+            shutil.copy(ROOT / "tests" / name, cwd / "tests" / name)
+        (cwd / ".venv").symlink_to(python.parent.parent)
+        python = cwd / ".venv" / python.parent.name / python.name
+    entry = server_entry(
+        "boxed",
+        command=[str(python), "-m", "tests.mcp_server"],
+        sandbox={"open_files": 256},
+    ).replace(json.dumps(str(ROOT)), json.dumps(str(cwd)))
+    path = tools_file(tmp_path, entry)
     rt = build_runtime(settings.model_copy(update={"tools_file": path}))
     try:
         session_id = rt.sessions.create_session(tools=["boxed_count", "boxed_store"]).session_id
