@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import pytest
 
@@ -491,3 +491,58 @@ def test_a_side_effecting_mcp_tool_whose_worker_was_killed_mid_call_leaves_it_un
     assert done.returncode == 3, done.stderr  # refused: the turn is interrupted
     kinds = topics(database, mcp_settings.namespace, UUID(session_id))
     assert kinds[-1] == "TurnInterrupted" and kinds.count("ToolCallStarted") == 1
+
+
+def _tagged(tag: str) -> list[int]:
+    """Live processes whose argv holds ``tag`` (zombies are gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if tag.encode() in (entry / "cmdline").read_bytes() and not gone(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.fault
+@pytest.mark.skipif(not check_host().ok, reason="no sandbox on this host")
+def test_a_killed_worker_takes_its_sandboxed_server_with_it(
+    settings: Settings, database: Database, tmp_path: Path
+) -> None:
+    tag = f"tag-{uuid4().hex}"  # in the server's argv: found again on the host, or not
+    path = tools_file(tmp_path, server_entry("boxed", command=[*SERVER, tag]))
+    boxed = settings.model_copy(update={"tools_file": path})
+    env = turnlog_env(boxed, TURNLOG_TOOLS_FILE=str(path))
+    created = subprocess.run(
+        [sys.executable, "-m", "turnlog", "sessions", "new"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(120),
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    session_id = created.stdout.strip()
+    target = boxed.data_dir.resolve() / "mcp" / boxed.namespace / "boxed" / "se.txt"
+    arguments = {"path": str(target), "text": "written", "delay": 60}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turnlog", "sessions", "send", session_id,
+         f"/tool boxed_slow_once {json.dumps(arguments)}"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        eventually(lambda: Path(f"{target}.started").exists(), deadline=90)  # in the call
+        assert _tagged(tag)  # the sandbox and its server run
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    try:
+        eventually(lambda: not _tagged(tag), deadline=30)  # nothing of it is left
+    finally:
+        for pid in _tagged(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    done = subprocess.run(
+        [sys.executable, "-m", "turnlog", "sessions", "send", session_id, "hello"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(180),
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr  # side_effecting, outcome unknown: interrupted
+    assert not target.exists()  # the killed call never finished
