@@ -7,6 +7,7 @@ stdio), declared in a tools file. The fixture provider calls its tools
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -30,7 +31,7 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 from turnlog.application.tools.containment import check_host
-from turnlog.application.tools.context import idempotency_key
+from turnlog.application.tools.context import ToolContext, idempotency_key
 from turnlog.application.tools.processes import identify, proc_stat
 from turnlog.application.tools.sandboxes import Sandboxes
 from turnlog.domain.turns import Effect
@@ -158,6 +159,9 @@ def test_a_hanging_tool_is_bounded_by_its_timeout(mcp_runtime: Runtime) -> None:
     _, turn = ask(mcp_runtime, "demo_hang", {"seconds": 120})
     assert "demo_hang: no answer within 1s (timeout)" in turn.reply
     assert time.monotonic() - started < scaled(30)
+    # The overrun cut the server off; the next call gets a new one (its state starts again).
+    _, turn = ask(mcp_runtime, "demo_count", {})
+    assert json.loads(turn.reply.removeprefix("Tool demo_count returned: "))["count"] == 1
 
 
 def test_a_tool_reporting_an_error_fails_the_call(mcp_runtime: Runtime) -> None:
@@ -243,6 +247,21 @@ def test_sandbox_options_are_refused_for_an_http_server_and_checked_for_stdio(
         bad = settings.model_copy(update={"tools_file": tools_file(tmp_path, entry)})
         with pytest.raises(ConfigurationError, match=cause):
             build_runtime(bad).close()
+
+
+def test_concurrent_calls_from_several_threads_share_one_session(mcp_runtime: Runtime) -> None:
+    tool = mcp_runtime.executor.tools.get("demo_count")
+    assert tool is not None
+    sandbox = mcp_runtime.settings.data_dir
+
+    def call(n: int) -> Any:
+        return tool.run({}, ToolContext("s", f"c{n}", 1, sandbox))
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(call, range(8)))
+
+    assert sorted(a["count"] for a in answers) == list(range(1, 9))
+    assert len({a["pid"] for a in answers}) == 1
 
 
 def test_gc_leaves_the_server_of_a_live_worker_alone(mcp_runtime: Runtime) -> None:
