@@ -511,11 +511,7 @@ class ReadyOut(BaseModel):
     status: Literal["ready"]
     role: str
     checks: dict[str, bool]
-    sandbox: str = Field(
-        default="on",
-        description="Tool processes: `on` (sandboxed), `off: …`"
-        " (TURNLOG_SANDBOX=off, unconfined) or `unavailable: …` (why).",
-    )
+    sandbox: str = "on"  # or "off: …", "unavailable: why" (docs/containment.md)
     horizon: dict[str, Any] | None = Field(
         default=None,
         description="The commit horizon readers of the log wait behind: age_seconds of the"
