@@ -75,6 +75,33 @@ def count() -> dict[str, int]:
     return {"count": COUNT[0], "pid": os.getpid()}
 
 
+@server.tool()
+def attempt(what: str, target: str = "") -> dict[str, Any]:
+    """Try something a sandbox must refuse: read, list, write, connect, environ, big_file."""
+    import socket
+
+    try:
+        if what == "read":
+            return {"ok": True, "data": Path(target).read_text(errors="replace")[:2000]}
+        if what == "list":
+            return {"ok": True, "data": sorted(os.listdir(target))}
+        if what == "write":
+            Path(target).write_text("escaped")
+            return {"ok": True}
+        if what == "connect":
+            with socket.create_connection(("127.0.0.1", int(target)), timeout=5):
+                return {"ok": True}
+        if what == "environ":
+            return {"ok": True, "data": dict(os.environ)}
+        if what == "big_file":  # 2 MiB, over a 1 MiB file-size limit
+            with open(target, "wb") as out:
+                out.write(b"x" * (2 * 1024 * 1024))
+            return {"ok": True}
+    except OSError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": False, "error": f"unknown attempt {what!r}"}
+
+
 @server.tool(annotations=READ_ONLY)
 def hang(seconds: float) -> str:
     """Sleep for seconds, then answer."""

@@ -114,7 +114,7 @@ def test_a_servers_tools_are_discovered_with_schemas_and_effect_classes(
 
     assert {n for n in specs if n.startswith("demo_")} == {
         "demo_echo", "demo_meta", "demo_store", "demo_append", "demo_hang", "demo_crash_once",
-        "demo_slow_once", "demo_count",
+        "demo_slow_once", "demo_count", "demo_attempt",
     }  # fmt: skip
     effects = {name: spec.effect for name, spec in specs.items()}
     assert effects["demo_echo"] is Effect.READ_ONLY  # readOnlyHint
