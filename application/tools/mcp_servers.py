@@ -31,6 +31,7 @@ for a side_effecting one.
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -46,6 +47,7 @@ from turnlog.application.tools.containment import (
     ContainmentError,
     Grant,
     Limits,
+    check_host,
     parse_grant,
 )
 from turnlog.application.tools.context import ToolContext
@@ -66,6 +68,8 @@ from turnlog.application.tools.port import (
 from turnlog.domain.turns import Effect
 
 MAX_TIMEOUT = 3600.0
+log = logging.getLogger("turnlog.mcp")
+
 SEND_ATTEMPTS = 3  # sessions tried for one call when each ends before the request leaves
 SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
@@ -296,7 +300,26 @@ def discover(server: McpServer, sessions: McpSessions) -> list[McpTool]:
         raise ConfigurationError(late) from None
     except Exception as exc:  # every way of not answering is refused, with its cause
         raise ConfigurationError(f"{server} could not list its tools: {describe(exc)}") from None
-    return _tools(server, listed, sessions)
+    return _confined(server, _tools(server, listed, sessions))
+
+
+def _confined(server: McpServer, tools: list[McpTool]) -> list[McpTool]:
+    """All the tools when the server runs sandboxed (or the sandbox is off); where the host
+    cannot sandbox, only those that change nothing, as for command tools."""
+    if not server.home or not server.containment.enabled:
+        return tools
+    host = check_host(server.containment)
+    if host.ok:
+        return tools
+    kept = [t for t in tools if t.spec.effect is not Effect.SIDE_EFFECTING]
+    left_out = sorted(t.spec.name for t in tools if t not in kept)
+    log.warning(
+        "%s runs unconfined: no sandbox on this host (%s); side-effecting tools left out: %s",
+        server,
+        host.reason,
+        ", ".join(left_out) or "none",
+    )
+    return kept
 
 
 class _RawListing(BaseModel):

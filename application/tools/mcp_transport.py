@@ -112,7 +112,8 @@ def server_spawn(server: McpServer) -> tuple[list[str], dict[str, str], str | No
     its own ``home`` the only writable directory, its command (the program,
     its install prefix) and ``cwd`` visible read-only, no network unless its
     ``sandbox`` table grants it, the tools file's limits. A host that cannot
-    sandbox runs it as it is, with a warning.
+    sandbox runs it as it is (with a warning; only its tools that change
+    nothing are offered, ``mcp_servers._confined``).
     """
     argv, env = list(server.command), server_environment(server)
     if not server.containment.enabled or not server.home:

@@ -9,20 +9,26 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.integration.test_mcp_tools import server_entry, tools_file
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
-from turnlog.application.tools.containment import check_host
+from turnlog.application.tools.containment import Containment, check_host
+from turnlog.application.tools.mcp_servers import discover, parse_server
+from turnlog.application.tools.mcp_sessions import McpSessions
+from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import build_runtime
 
-pytestmark = pytest.mark.skipif(not check_host().ok, reason="no sandbox on this host")
+NO_SANDBOX = pytest.mark.skipif(not check_host().ok, reason="no sandbox on this host")
 
 SECRET = "sk-mcp-hostile-ring-must-not-leak"
 
@@ -49,6 +55,7 @@ def attempt(boxed: tuple[Runtime, UUID], what: str, target: str = "") -> dict[st
     return answer
 
 
+@NO_SANDBOX
 def test_the_hosts_and_this_servers_secrets_are_out_of_reach(
     boxed: tuple[Runtime, UUID],
 ) -> None:
@@ -61,6 +68,7 @@ def test_the_hosts_and_this_servers_secrets_are_out_of_reach(
     assert not any(k.startswith("TURNLOG_") for k in environ["data"])
 
 
+@NO_SANDBOX
 def test_other_sandboxes_and_the_data_directory_are_invisible_and_nothing_outside_is_writable(
     boxed: tuple[Runtime, UUID], tmp_path: Path
 ) -> None:
@@ -77,6 +85,7 @@ def test_other_sandboxes_and_the_data_directory_are_invisible_and_nothing_outsid
     assert not wrote["ok"] and not outside.exists()
 
 
+@NO_SANDBOX
 def test_loopback_ports_are_unreachable_without_a_network_grant(
     boxed: tuple[Runtime, UUID],
 ) -> None:
@@ -87,6 +96,7 @@ def test_loopback_ports_are_unreachable_without_a_network_grant(
     assert not connected["ok"], connected  # no network namespace shared: nothing listens
 
 
+@NO_SANDBOX
 def test_a_file_over_the_limit_is_refused_and_the_server_keeps_serving(
     boxed: tuple[Runtime, UUID],
 ) -> None:
@@ -98,3 +108,23 @@ def test_a_file_over_the_limit_is_refused_and_the_server_keeps_serving(
     assert not big["ok"] and "File too large" in big["error"]
     turn = rt.send(session_id, "/tool boxed_count {}").turn
     assert json.loads(turn.reply.removeprefix("Tool boxed_count returned: "))["count"] == 1
+
+
+def test_a_host_that_cannot_sandbox_gets_only_the_servers_tools_that_change_nothing(
+    tmp_path: Path,
+) -> None:
+    entry = parse_server(
+        {"name": "demo", "command": [sys.executable, "-m", "tests.mcp_server"], "cwd": str(ROOT)}
+    )
+    server = replace(
+        entry, containment=Containment(bwrap="/nonexistent/bwrap"), home=str(tmp_path / "home")
+    )
+    sessions = McpSessions()
+    try:
+        offered = {t.spec.name: t.spec.effect for t in discover(server, sessions)}
+        answer = offered and sessions.processes()
+    finally:
+        sessions.close()
+    assert offered["demo_echo"] is Effect.READ_ONLY and "demo_store" in offered  # idempotent
+    assert "demo_append" not in offered and "demo_count" not in offered  # side_effecting
+    assert set(answer) == {"demo"}  # it runs, unconfined, with the warning
