@@ -171,8 +171,9 @@ class Runtime:
         """The tools whose probe recovery asks (none unless probes are on)."""
         if not self.settings.probes:
             return frozenset()
-        tools = self.executor.tools
-        return frozenset(n for n in tools.names() if prober_of(tools.get(n)) is not None)
+        # The tools known now: a deferred source (an MCP server) has no probes.
+        loaded = self.executor.tools.loaded()
+        return frozenset(t.spec.name for t in loaded if prober_of(t) is not None)
 
     def continue_session(self, session_id: UUID) -> list[Verdict]:
         """Take the lease and recover or resume whatever turn is open (after a resolve)."""
@@ -246,6 +247,7 @@ class Runtime:
             raise InvalidToolArguments(str(exc)) from None
 
     def close(self) -> None:
+        self.executor.tools.close()  # its MCP sessions, and their servers
         self.executor.providers.close()
         self.leases.close()
         self.sessions.close()

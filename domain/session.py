@@ -533,6 +533,8 @@ class Session(Aggregate):
             process_started_at=process.started_at,
             host=process.host,
             boot_id=process.boot_id,
+            # Only for an MCP server: a command's event keeps its earlier shape.
+            **({"server": process.server} if process.server else {}),
         )
 
     def record_tool_succeeded(
@@ -1038,10 +1040,14 @@ class Session(Aggregate):
         process_started_at: int  # clock ticks after boot: field 22 of /proc/<pid>/stat
         host: str
         boot_id: str
+        # The MCP server's name when the process is one (events stored before it have none).
+        server: str = ""
 
         def apply(self, aggregate: Any) -> None:
             call = cast(Session, aggregate).calls[self.call_id]
-            process = ToolProcess(self.pid, self.process_started_at, self.host, self.boot_id)
+            process = ToolProcess(
+                self.pid, self.process_started_at, self.host, self.boot_id, self.server
+            )
             call.processes.append(process.as_dict(self.attempt))
 
     class ToolCallSucceeded(Event):

@@ -142,12 +142,15 @@ class ToolProcess:
 
     ``started_at`` is the kernel's start time of the pid (clock ticks after boot,
     field 22 of /proc/<pid>/stat); ``host`` and ``boot_id`` say where it runs.
+    ``server`` names the MCP server when the process is one (it serves every
+    call of its worker, and outlives each); empty for a call's own process.
     """
 
     pid: int
     started_at: int
     host: str = ""
     boot_id: str = ""
+    server: str = ""
 
     def as_dict(self, attempt: int) -> dict[str, Any]:
         return {
@@ -156,7 +159,7 @@ class ToolProcess:
             "process_started_at": self.started_at,
             "host": self.host,
             "boot_id": self.boot_id,
-        }
+        } | ({"server": self.server} if self.server else {})
 
 
 @dataclass

@@ -125,8 +125,9 @@ def build_tools(settings: Settings) -> ToolRegistry:
             where = f"{tool.declaration.module}.{tool.declaration.function}"
             raise ConfigurationError(f"Python tool {where}: {exc}") from None
     if settings.tools_file is not None:
-        # Each MCP server is started once here to list its tools (refused if it cannot).
-        add_mcp_tools(tools, data, settings.tools_file)
+        # Checked now; each MCP server starts when its tools are first needed.
+        homes = settings.data_dir.resolve() / "mcp" / settings.namespace
+        add_mcp_tools(tools, data, settings.tools_file, containment, options.defaults, homes)
     return tools
 
 
@@ -208,7 +209,8 @@ def python_tool_modules(settings: Settings) -> list[str]:
 def approval_tools(settings: Settings, tools: ToolRegistry) -> frozenset[str]:
     """TURNLOG_APPROVAL_TOOLS as names; a name no tool has is refused at start-up."""
     names = split_names(settings.approval_tools or "")
-    unknown = sorted(set(names) - set(tools.names()))
+    # Looked up by name: only an MCP server that may offer one of them is started.
+    unknown = sorted(n for n in set(names) if tools.get(n) is None)
     if unknown:
         raise ConfigurationError(f"TURNLOG_APPROVAL_TOOLS names unknown tools: {unknown}")
     return frozenset(names)
@@ -236,15 +238,26 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
     return registry
 
 
-def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runtime:
+def build_runtime(
+    settings: Settings, *, leases_kept: int = LEASES_KEPT, load_tools: bool = True
+) -> Runtime:
     """The application with its database, tools and providers (``Process.start`` calls it).
 
     ``leases_kept``: lease connections kept between leases (a worker: its concurrency).
+    ``load_tools``: list every MCP server's tools now (starting the servers), so a
+    server that cannot start stops the process here; False leaves that to the
+    first use, so a command that runs no tool starts no server.
     """
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
-    providers = build_providers(settings, tools)
-    db = database.locate(settings)
-    sessions = open_sessions(settings, db)
+    try:
+        if load_tools:
+            tools.load()
+        providers = build_providers(settings, tools)
+        db = database.locate(settings)
+        sessions = open_sessions(settings, db)
+    except BaseException:
+        tools.close()
+        raise
     sessions.default_deadline_seconds = settings.turn_deadline_seconds
     executor = Executor(
         sessions=sessions,
@@ -316,7 +329,10 @@ class Process:
             return self
         runs_worker = self.role is not None and self.role.runs_worker
         kept = max(LEASES_KEPT, self.worker_concurrency) if runs_worker else LEASES_KEPT
-        self.runtime = build_runtime(self.settings, leases_kept=kept)
+        # A serve role lists its MCP tools now (a server that is down stops it); a
+        # one-shot command only when it needs them (db status, check start none).
+        load = self.role is not None
+        self.runtime = build_runtime(self.settings, leases_kept=kept, load_tools=load)
         try:
             self._start_rest(self.runtime)
         except BaseException:

@@ -227,6 +227,7 @@ def sessions_send(
     sid = parse_uuid(session_id)
 
     def send(rt: Runtime) -> int:
+        rt.executor.tools.load()  # the MCP servers, before the message is on record
         sent = rt.send(sid, message, idempotency_key)
         if sent.recovered is not None:
             v = sent.recovered

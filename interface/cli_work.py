@@ -104,6 +104,8 @@ def check(
     print_table(table)
     out.print(summarize(verdicts))
     if apply:
+        with refusals():
+            runtime.executor.tools.load()  # turns may run tools: their MCP servers first
         _apply(runtime, verdicts)
     if _operator_must_act(verdicts):
         out.print("an operator must act: `turnlog sessions show ID` says what is unknown")

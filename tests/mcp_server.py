@@ -65,6 +65,43 @@ def slow_once(path: str, text: str, delay: float) -> dict[str, bool]:
     return {"written": True}
 
 
+COUNT = [0]  # this server process's state: a stateful server keeps it between calls
+
+
+@server.tool()
+def count() -> dict[str, int]:
+    """Add one to this process's counter; the new value, and the server's pid."""
+    COUNT[0] += 1
+    return {"count": COUNT[0], "pid": os.getpid()}
+
+
+@server.tool()
+def attempt(what: str, target: str = "") -> dict[str, Any]:
+    """Try something a sandbox must refuse: read, list, write, connect, environ, big_file."""
+    import socket
+
+    try:
+        if what == "read":
+            return {"ok": True, "data": Path(target).read_text(errors="replace")[:2000]}
+        if what == "list":
+            return {"ok": True, "data": sorted(os.listdir(target))}
+        if what == "write":
+            Path(target).write_text("escaped")
+            return {"ok": True}
+        if what == "connect":
+            with socket.create_connection(("127.0.0.1", int(target)), timeout=5):
+                return {"ok": True}
+        if what == "environ":
+            return {"ok": True, "data": dict(os.environ)}
+        if what == "big_file":  # 2 MiB, over a 1 MiB file-size limit
+            with open(target, "wb") as out:
+                out.write(b"x" * (2 * 1024 * 1024))
+            return {"ok": True}
+    except OSError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    return {"ok": False, "error": f"unknown attempt {what!r}"}
+
+
 @server.tool(annotations=READ_ONLY)
 def hang(seconds: float) -> str:
     """Sleep for seconds, then answer."""

@@ -2,50 +2,64 @@
 
 Each ``[[mcp_servers]]`` entry names a server reached over stdio (``command``:
 an argv started as a process) or streamable HTTP (``url``, on an allowed host:
-loopback unless ``allowed_hosts`` says more). At start-up every process that
-builds its tools connects to each server once and lists its tools; a server
-that cannot start, a tool without an input schema, or two tools with one name
-stop the process there, naming the cause. Each tool is offered as
-``<prefix><tool>`` (prefix ``<server>_`` unless given), so sessions choose MCP
-tools by those names like any other.
+loopback unless ``allowed_hosts`` says more). The entries are checked when
+the tools are built; a server is started when its tools are first needed
+(``ToolRegistry.defer``: a serve role at start-up, a one-shot command only if
+it lists or runs tools). A server that cannot start, a tool without an input
+schema, or two tools with one name are refused then, naming the cause. Each
+tool is offered as ``<prefix><tool>`` (prefix ``<server>_`` unless given), so
+sessions choose MCP tools by those names like any other.
 
 Effect class: the tools file's (``[mcp_servers.tools.<tool>] effect = …``),
 else the server's annotations (``readOnlyHint`` → read_only,
 ``idempotentHint`` → idempotent), else side_effecting — never assumed safe.
 
-Each call opens its own connection (a fresh server process, for stdio) on an
-event loop of its own, bounded by the tool's timeout: a call that overruns is
-cut off with its server process and fails. Arguments are checked against the
-tool's input schema before anything starts. The call's idempotency key travels
-in the request's ``_meta`` (``turnlog/idempotency_key``, with the session,
-call id and attempt). A connection that breaks while the call is in flight (the
-server died) leaves the outcome unknown: ``ToolOutcomeUnknown``, which the
-executor treats like an owner's death — re-run a read_only or idempotent call,
-interrupt the turn for a side_effecting one.
+Every call of a process goes to one session per server (``mcp_sessions``:
+started on first use, reused, started again after the server died), bounded
+by the tool's timeout: a call that overruns is cut off with its server
+process and fails. A stdio server's pid and start time are recorded for each
+call before the request leaves (ToolCallProcessStarted, with the server's
+name). Arguments are checked against the tool's input schema before anything
+is sent. The call's idempotency key travels in the request's ``_meta``
+(``turnlog/idempotency_key``, with the session, call id and attempt). A
+connection that breaks while the call is in flight (the server died) leaves
+the outcome unknown: ``ToolOutcomeUnknown``, which the executor treats like
+an owner's death — re-run a read_only or idempotent call, interrupt the turn
+for a side_effecting one.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
+import functools
+import logging
 import re
-import tempfile
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
 from turnlog.application.errors import ConfigurationError
+from turnlog.application.tools.containment import (
+    Containment,
+    ContainmentError,
+    Grant,
+    Limits,
+    check_host,
+    parse_grant,
+)
 from turnlog.application.tools.context import ToolContext
+from turnlog.application.tools.mcp_sessions import (
+    START_TIMEOUT,
+    McpSessions,
+    NotSent,
+    ServerUnavailable,
+)
+from turnlog.application.tools.mcp_transport import DEFAULT_TIMEOUT, McpServer, describe
 from turnlog.application.tools.port import (
     ToolError,
-    ToolOutcomeUnknown,
     ToolRegistry,
     ToolSpec,
     check_arguments,
@@ -53,9 +67,10 @@ from turnlog.application.tools.port import (
 )
 from turnlog.domain.turns import Effect
 
-DEFAULT_TIMEOUT = 30.0
 MAX_TIMEOUT = 3600.0
-START_TIMEOUT = 30.0  # connecting and listing at start-up
+log = logging.getLogger("turnlog.mcp")
+
+SEND_ATTEMPTS = 3  # sessions tried for one call when each ends before the request leaves
 SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what OpenAI-compatible APIs accept
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -70,34 +85,19 @@ _SERVER_KEYS = {
     "timeout_seconds",
     "allowed_hosts",
     "tools",
+    "sandbox",
 }
 _TOOL_KEYS = {"effect", "timeout_seconds"}
 
 
 @dataclass(frozen=True)
-class McpServer:
-    """One ``[[mcp_servers]]`` entry: where the server is and what the file says of its tools."""
-
-    name: str
-    command: tuple[str, ...] = ()
-    url: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    prefix: str = ""
-    timeout: float = DEFAULT_TIMEOUT
-    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"MCP server {self.name!r}"
-
-
-@dataclass(frozen=True)
 class McpTool:
-    """A tool of an MCP server: each call a connection of its own, bounded by ``timeout``."""
+    """A tool of an MCP server, called on its process's session (``McpSessions``)."""
 
     spec: ToolSpec
     server: McpServer
     remote_name: str
+    sessions: McpSessions = field(repr=False, compare=False)
     timeout: float = DEFAULT_TIMEOUT
 
     def run(self, arguments: dict[str, Any], context: ToolContext) -> Any:
@@ -108,51 +108,28 @@ class McpTool:
             f"{META_PREFIX}call_id": context.call_id,
             f"{META_PREFIX}attempt": context.attempt,
         }
-        try:
-            result = asyncio.run(asyncio.wait_for(self._call(arguments, meta), self.timeout))
-        except TimeoutError:
-            raise ToolError(
-                f"{self.spec.name}: no answer within {self.timeout:g}s (timeout); "
-                "its connection and server process were closed"
-            ) from None
-        return _result(self.spec.name, result)
-
-    async def _call(self, arguments: dict[str, Any], meta: dict[str, Any]) -> Any:
-        from mcp.shared.exceptions import McpError
-        from mcp.types import CONNECTION_CLOSED
-
-        refused: McpError | None = None
-        try:
-            async with connected(self.server) as session:
-                try:
-                    return await session.call_tool(self.remote_name, arguments, meta=meta)
-                except McpError as exc:
-                    # Raised after the connection is closed: inside it, the SDK's
-                    # task groups would wrap it in an exception group.
-                    refused = exc
-        except (OSError, EOFError, BaseExceptionGroup) as exc:
-            if _cancelling():
-                # The timeout cut the call off; closing the connection raised on the way.
-                raise asyncio.CancelledError from None
-            cause = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-            raise ToolOutcomeUnknown(f"{self.server}: connection lost: {cause}") from None
-        assert refused is not None
-        if refused.error.code == CONNECTION_CLOSED:
-            # The request was sent; whether the server acted before it went away is unknown.
-            raise ToolOutcomeUnknown(f"{self.server}: {refused.error.message}")
-        raise ToolError(f"{self.spec.name}: {refused.error.message}")
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
-
-
-def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    inner: BaseException = group
-    while isinstance(inner, BaseExceptionGroup) and inner.exceptions:
-        inner = inner.exceptions[0]
-    return inner
+        for _ in range(SEND_ATTEMPTS):
+            try:
+                held = self.sessions.acquire(self.server)
+            except (ServerUnavailable, TimeoutError) as exc:
+                raise ToolError(f"{self.spec.name}: {exc}; the call was not sent") from None
+            if held.process is not None:
+                # On record before the request leaves: recovery, probes and gc see the server.
+                context.report_process(held.process)
+            try:
+                result = self.sessions.call(
+                    held,
+                    self.remote_name,
+                    arguments,
+                    meta,
+                    self.timeout,
+                    context.stop,
+                    self.spec.name,
+                )
+            except NotSent:
+                continue  # its server had gone; the next round starts it again
+            return _result(self.spec.name, result)
+        raise ToolError(f"{self.spec.name}: {self.server} kept ending before the call was sent")
 
 
 def _result(name: str, result: Any) -> Any:
@@ -168,60 +145,54 @@ def _result(name: str, result: Any) -> Any:
     return parts
 
 
-@asynccontextmanager
-async def connected(server: McpServer, errlog: TextIO | None = None) -> AsyncIterator[Any]:
-    """An initialised ``ClientSession`` with the server, closed (its process too) on exit.
-
-    A stdio server's stderr goes to ``errlog`` (default: nowhere), never to our logs.
-    """
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-
-    async with contextlib.AsyncExitStack() as stack:
-        if server.url:
-            from mcp.client.streamable_http import streamablehttp_client
-
-            read, write, _ = await stack.enter_async_context(streamablehttp_client(server.url))
-        else:
-            params = StdioServerParameters(
-                command=server.command[0],
-                args=list(server.command[1:]),
-                # None: the SDK's minimal environment (no TURNLOG_* settings, no keys).
-                env=server.env or None,
-                cwd=server.cwd,
-            )
-            errors = errlog or stack.enter_context(open(os.devnull, "w"))  # noqa: SIM115
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=errors))
-        session = await stack.enter_async_context(ClientSession(read, write))
-        await session.initialize()
-        yield session
-
-
 # ------------------------------------------------------------ start-up
 
 
-def add_mcp_tools(registry: ToolRegistry, data: Any, source: Path) -> None:
-    """Discover the tools of every ``[[mcp_servers]]`` entry and add them, or refuse."""
+def add_mcp_tools(
+    registry: ToolRegistry,
+    data: Any,
+    source: Path,
+    containment: Containment | None = None,
+    defaults: Limits | None = None,
+    homes: Path | None = None,
+) -> None:
+    """Check every ``[[mcp_servers]]`` entry now; list each server's tools on first need.
+
+    The entries are checked here (a bad one stops start-up); a server is started
+    only when the registry is asked for one of its tools (``ToolRegistry.defer``),
+    so a command that runs no tool starts none. Their sessions close with the registry.
+    A stdio server runs in ``containment`` (its ``sandbox`` table over ``defaults``),
+    writing only in ``homes/<name>``.
+    """
     entries = data.get("mcp_servers", []) if isinstance(data, dict) else []
     if not isinstance(entries, list):
         raise ConfigurationError(f"tools file {source}: mcp_servers must be a list of tables")
     seen: set[str] = set()
+    sessions = McpSessions()
+    registry.on_close(sessions.close)
     for index, entry in enumerate(entries):
         try:
-            server = parse_server(entry)
+            server = parse_server(entry, defaults or Limits())
         except ValueError as exc:
             raise ConfigurationError(f"tools file {source}: mcp_servers[{index}]: {exc}") from None
         if server.name in seen:
             raise ConfigurationError(f"tools file {source}: two MCP servers named {server.name!r}")
         seen.add(server.name)
-        for tool in discover(server):
-            try:
-                registry.add(tool)
-            except ValueError as exc:
-                raise ConfigurationError(f"{server}: {exc}") from None
+        if containment is not None and homes is not None and server.command:
+            server = replace(server, containment=containment, home=str(homes / server.name))
+        registry.defer(
+            str(server),
+            functools.partial(_offers, server.prefix),
+            functools.partial(discover, server, sessions),
+        )
 
 
-def parse_server(entry: Any) -> McpServer:
+def _offers(prefix: str, name: str) -> bool:
+    """May the server with this prefix offer a tool of this name?"""
+    return name.startswith(prefix)
+
+
+def parse_server(entry: Any, defaults: Limits | None = None) -> McpServer:
     if not isinstance(entry, dict):
         raise ValueError("each MCP server must be a table (object)")
     unknown = sorted(set(entry) - _SERVER_KEYS)
@@ -255,6 +226,17 @@ def parse_server(entry: Any) -> McpServer:
     for tool, options in tools.items():
         _check_tool_options(name, tool, options)
     cwd = entry.get("cwd")
+    grant = None
+    if "sandbox" in entry:
+        if url is not None:
+            raise ValueError(
+                f"MCP server {name!r}: sandbox options are for a stdio server (command);"
+                " an HTTP server runs no process here"
+            )
+        try:
+            grant = parse_grant(entry["sandbox"], defaults or Limits())
+        except ContainmentError as exc:
+            raise ValueError(f"MCP server {name!r}: sandbox: {exc}") from None
     return McpServer(
         name=name,
         command=tuple(command or ()),
@@ -264,6 +246,7 @@ def parse_server(entry: Any) -> McpServer:
         prefix=prefix,
         timeout=_timeout(name, entry.get("timeout_seconds", DEFAULT_TIMEOUT)),
         tools=tools,
+        grant=grant if grant is not None else Grant(defaults or Limits()),
     )
 
 
@@ -305,27 +288,38 @@ def _timeout(server: str, value: Any) -> float:
     return float(value)
 
 
-def discover(server: McpServer) -> list[McpTool]:
-    """Connect once and list the server's tools, as turnlog tools; refuse what cannot be used."""
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as errlog:
-        try:
-            listed = asyncio.run(asyncio.wait_for(_list(server, errlog), START_TIMEOUT))
-        except TimeoutError:
-            raise ConfigurationError(
-                f"{server} did not answer within {START_TIMEOUT:g}s at start-up{_tail(errlog)}"
-            ) from None
-        except Exception as exc:  # every way of not starting is refused, with its cause
-            cause = _first(exc) if isinstance(exc, BaseExceptionGroup) else exc
-            raise ConfigurationError(
-                f"{server} could not start: {_describe(cause)}{_tail(errlog)}"
-            ) from None
-    return _tools(server, listed)
+def discover(server: McpServer, sessions: McpSessions) -> list[McpTool]:
+    """List the server's tools on its session (started now), as turnlog tools; or refuse."""
+    try:
+        held = sessions.acquire(server)
+        listed = sessions.run(_list, held, START_TIMEOUT)
+    except ServerUnavailable as exc:
+        raise ConfigurationError(str(exc)) from None
+    except TimeoutError:
+        late = f"{server} did not list its tools within {START_TIMEOUT:g}s"
+        raise ConfigurationError(late) from None
+    except Exception as exc:  # every way of not answering is refused, with its cause
+        raise ConfigurationError(f"{server} could not list its tools: {describe(exc)}") from None
+    return _confined(server, _tools(server, listed, sessions))
 
 
-def _tail(errlog: TextIO) -> str:
-    errlog.seek(0)
-    lines = [line.strip() for line in errlog.read()[-2000:].splitlines() if line.strip()]
-    return f" (its stderr ends: {lines[-1][:300]!r})" if lines else ""
+def _confined(server: McpServer, tools: list[McpTool]) -> list[McpTool]:
+    """All the tools when the server runs sandboxed (or the sandbox is off); where the host
+    cannot sandbox, only those that change nothing, as for command tools."""
+    if not server.home or not server.containment.enabled:
+        return tools
+    host = check_host(server.containment)
+    if host.ok:
+        return tools
+    kept = [t for t in tools if t.spec.effect is not Effect.SIDE_EFFECTING]
+    left_out = sorted(t.spec.name for t in tools if t not in kept)
+    log.warning(
+        "%s runs unconfined: no sandbox on this host (%s); side-effecting tools left out: %s",
+        server,
+        host.reason,
+        ", ".join(left_out) or "none",
+    )
+    return kept
 
 
 class _RawListing(BaseModel):
@@ -336,23 +330,24 @@ class _RawListing(BaseModel):
     nextCursor: str | None = None
 
 
-async def _list(server: McpServer, errlog: TextIO) -> list[dict[str, Any]]:
+async def _list(session: Any) -> list[dict[str, Any]]:
     from mcp.types import ClientRequest, ListToolsRequest, PaginatedRequestParams
 
     tools: list[dict[str, Any]] = []
-    async with connected(server, errlog) as session:
-        cursor: str | None = None
-        while True:
-            params = PaginatedRequestParams(cursor=cursor) if cursor else None
-            request = ClientRequest(ListToolsRequest(params=params))
-            listing = await session.send_request(request, _RawListing)
-            tools += listing.tools
-            cursor = listing.nextCursor
-            if not cursor:
-                return tools
+    cursor: str | None = None
+    while True:
+        params = PaginatedRequestParams(cursor=cursor) if cursor else None
+        request = ClientRequest(ListToolsRequest(params=params))
+        listing = await session.send_request(request, _RawListing)
+        tools += listing.tools
+        cursor = listing.nextCursor
+        if not cursor:
+            return tools
 
 
-def _tools(server: McpServer, listed: Sequence[dict[str, Any]]) -> list[McpTool]:
+def _tools(
+    server: McpServer, listed: Sequence[dict[str, Any]], sessions: McpSessions
+) -> list[McpTool]:
     names = [str(t.get("name", "")) for t in listed]
     doubled = sorted({n for n in names if names.count(n) > 1})
     if doubled:
@@ -362,10 +357,10 @@ def _tools(server: McpServer, listed: Sequence[dict[str, Any]]) -> list[McpTool]
         raise ConfigurationError(
             f"{server}: the tools file names tools it does not list: {unknown}"
         )
-    return [_tool(server, entry) for entry in listed]
+    return [_tool(server, entry, sessions) for entry in listed]
 
 
-def _tool(server: McpServer, entry: dict[str, Any]) -> McpTool:
+def _tool(server: McpServer, entry: dict[str, Any], sessions: McpSessions) -> McpTool:
     remote = str(entry.get("name", ""))
     name = server.prefix + remote
     if not TOOL_NAME.fullmatch(name):
@@ -386,6 +381,7 @@ def _tool(server: McpServer, entry: dict[str, Any]) -> McpTool:
         spec=ToolSpec(name, str(description), dict(schema), _effect(options, entry)),
         server=server,
         remote_name=remote,
+        sessions=sessions,
         timeout=float(options.get("timeout_seconds", server.timeout)),
     )
 
@@ -401,10 +397,3 @@ def _effect(options: dict[str, Any], entry: dict[str, Any]) -> Effect:
         if annotations.get("idempotentHint") is True:
             return Effect.IDEMPOTENT
     return Effect.SIDE_EFFECTING
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, FileNotFoundError | PermissionError):
-        return f"{type(exc).__name__}: {text}"
-    return json.dumps(text)[1:-1][:300]

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from jsonschema import Draft202012Validator, SchemaError, ValidationError
 
+from turnlog.application.errors import ConfigurationError
 from turnlog.application.tools.context import ToolContext
 from turnlog.domain.turns import Effect
 
@@ -143,11 +144,30 @@ class FunctionTool:
         raise value
 
 
+@dataclass
+class _Deferred:
+    """Tools listed on first need (an MCP server's): who they are, and how to get them."""
+
+    label: str
+    owns: Callable[[str], bool]  # may a tool of this name be one of them?
+    load: Callable[[], Sequence[Tool]]
+
+
 class ToolRegistry:
-    """The tools a process can run, by name."""
+    """The tools a process can run, by name.
+
+    Some tools are known only once their source is asked (an MCP server lists
+    them when started): ``defer`` adds such a source, loaded the first time a
+    name it may own is looked up, or all names are (``names``, ``specs``,
+    ``load``). A source that fails to load raises (a ``ConfigurationError``)
+    and is asked again next time. ``loaded`` never loads.
+    """
 
     def __init__(self, tools: Sequence[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._deferred: list[_Deferred] = []
+        self._closers: list[Callable[[], None]] = []
+        self._lock = threading.RLock()
         for tool in tools:
             self.add(tool)
 
@@ -156,15 +176,55 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.spec.name!r} is declared twice")
         self._tools[tool.spec.name] = tool
 
+    def defer(
+        self, label: str, owns: Callable[[str], bool], load: Callable[[], Sequence[Tool]]
+    ) -> None:
+        """Add tools that ``load`` lists when first needed (``label`` names them in errors)."""
+        self._deferred.append(_Deferred(label, owns, load))
+
+    def load(self, name: str | None = None) -> None:
+        """Load the deferred sources (only those that may own ``name``, if given)."""
+        if not self._deferred:
+            return
+        with self._lock:
+            for source in list(self._deferred):
+                if name is not None and not source.owns(name):
+                    continue
+                tools = list(source.load())  # raises: left deferred, asked again
+                for tool in tools:
+                    try:
+                        self.add(tool)
+                    except ValueError as exc:
+                        raise ConfigurationError(f"{source.label}: {exc}") from None
+                self._deferred.remove(source)
+
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        tool = self._tools.get(name)
+        if tool is None and self._deferred:
+            self.load(name)
+            tool = self._tools.get(name)
+        return tool
+
+    def loaded(self) -> list[Tool]:
+        """The tools known now, loading nothing."""
+        return list(self._tools.values())
 
     def names(self) -> list[str]:
+        self.load()
         return sorted(self._tools)
 
     def specs(self, names: Sequence[str] = ()) -> list[ToolSpec]:
         chosen = names or self.names()
-        return [self._tools[n].spec for n in chosen if n in self._tools]
+        return [t.spec for t in (self.get(n) for n in chosen) if t is not None]
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Call ``closer`` when the registry is closed (its tools' sessions)."""
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        for closer in reversed(self._closers):
+            closer()
+        self._closers.clear()
 
 
 _JSON_TYPES = ("string", "integer", "number", "boolean", "object", "array")

@@ -11,6 +11,11 @@
   an interrupted turn, whose process is evidence an operator may need and
   whose work may still be finishing: both are left alone until the turn is
   abandoned or the call resolved;
+- a recorded MCP server (a record naming its ``server``) serves every call
+  of its worker and outlives each: while its parent still runs, it is the
+  worker's, not the session's, and gc leaves it out unless its call is in
+  flight or unknown (then as above). One whose parent is gone is orphaned and
+  killed (it should have died with its worker);
 - a sandbox is removed only when its session is closed (so no turn is open,
   none interrupted) and none of its recorded processes is still alive.
 
@@ -172,10 +177,16 @@ def live_processes(session: Session) -> list[LiveProcess]:
                 started_at=int(record["process_started_at"]),
                 host=str(record.get("host", "")),
                 boot_id=str(record.get("boot_id", "")),
+                server=str(record.get("server", "")),
             )
             if is_alive(process):
                 attempt = int(record["attempt"])
                 orphaned, reason = _verdict(call, attempt)
+                if process.server and orphaned:
+                    parent = _parent(process.pid)
+                    if parent > 1:
+                        continue  # held by its worker: not this session's to collect
+                    reason = f"MCP server {process.server!r} outlived its worker"
                 found.append(
                     LiveProcess(
                         call.call_id, call.name, attempt, str(call.state), process, orphaned, reason
@@ -193,6 +204,15 @@ def _verdict(call: ToolCall, attempt: int) -> tuple[bool, str]:
     if call.attempt > attempt:
         return True, f"attempt {attempt} was superseded by attempt {call.attempt}"
     return True, f"the call is {call.state}; its process outlived it"
+
+
+def _parent(pid: int) -> int:
+    """The pid's parent now (0 when it is gone); 1 once it was orphaned."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return 0
+    return int(raw[raw.rindex(")") + 2 :].split()[1])
 
 
 def _size(path: Path) -> int:

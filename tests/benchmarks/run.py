@@ -29,6 +29,7 @@ from tests.benchmarks import (  # noqa: E402
     bench_load,
     bench_logs,
     bench_long_sessions,
+    bench_mcp,
     bench_sandbox,
     bench_throughput,
     bench_waits,
@@ -63,6 +64,7 @@ FIGURES: dict[int, tuple[str, FigureFn]] = {
     11: ("a writer among 600 waiters", bench_waits.figure_11),
     12: ("commits and transactions per HTTP turn", roundtrips.figure_12),
     13: ("a trivial command call, sandboxed vs unconfined", bench_sandbox.figure_13),
+    14: ("an MCP call after the first", bench_mcp.figure_14),
 }
 
 
