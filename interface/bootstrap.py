@@ -18,6 +18,7 @@ import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution.leases import LEASES_KEPT
@@ -114,7 +115,9 @@ def build_tools(settings: Settings) -> ToolRegistry:
         spawning += load_tools_file(
             settings.tools_file, settings.tool_output_bytes, containment, options
         )
-    python_tools = load_modules(modules, settings.tool_output_bytes, containment, options)
+    python_tools = load_modules(
+        modules, settings.tool_output_bytes, containment, options, tool_search_path(settings)
+    )
     _check_sandbox_names(settings, options, tools, [*spawning, *python_tools])
     for tool in contained([*spawning, *python_tools], containment):
         try:
@@ -191,6 +194,12 @@ def _check_sandbox_names(
         raise ConfigurationError(
             f"tools file {settings.tools_file}: [sandbox.tools.{name}]: tool {name!r} {why}"
         )
+
+
+def tool_search_path(settings: Settings) -> list[Path]:
+    """Where Python tool modules are looked for first: the tools file's folder, then the cwd."""
+    first = [settings.tools_file.resolve().parent] if settings.tools_file is not None else []
+    return [*first, Path.cwd()]
 
 
 def python_tool_modules(settings: Settings) -> list[str]:

@@ -31,11 +31,12 @@ its own, bounded by ``probe_timeout`` (application/tools/probes.py).
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -212,7 +213,7 @@ class PythonTool:
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": "C.UTF-8",
             "HOME": str(context.sandbox),
-            "PYTHONPATH": os.pathsep.join(self.python_path),
+            "PYTHONPATH": os.pathsep.join(runner_path(self.python_path)),
             "TURNLOG_SESSION_ID": context.session_id,
             "TURNLOG_CALL_ID": context.call_id,  # the model's id, unique only within the session
             "TURNLOG_IDEMPOTENCY_KEY": context.idempotency_key,
@@ -268,7 +269,7 @@ class PythonProber:
             "PATH": os.environ.get("PATH", os.defpath),
             "LANG": "C.UTF-8",
             "HOME": str(context.sandbox),
-            "PYTHONPATH": os.pathsep.join(self.python_path),
+            "PYTHONPATH": os.pathsep.join(runner_path(self.python_path)),
             "TURNLOG_SESSION_ID": context.session_id,
             "TURNLOG_CALL_ID": context.call_id,
             "TURNLOG_IDEMPOTENCY_KEY": context.idempotency_key,
@@ -306,10 +307,42 @@ class PythonProber:
         return report_from(answer, printed)
 
 
+def _find(name: str, search: Sequence[Path]) -> None:
+    """Put the first ``search`` folder holding module ``name`` on ``sys.path``, if it needs one."""
+    top = name.split(".", 1)[0]
+    if importlib.util.find_spec(top) is not None:
+        return
+    for folder in search:
+        if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+            sys.path.insert(0, str(folder.resolve()))
+            importlib.invalidate_caches()
+            return
+
+
 def interpreter_paths(python_path: tuple[str, ...]) -> list[Path]:
     """What a tool process must read to start this interpreter and import what it imports."""
     paths = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent]
+    paths += turnlog_paths()
     return paths + [Path(p) for p in python_path if p and os.path.isdir(p)]
+
+
+def turnlog_paths() -> list[Path]:
+    """turnlog's own package, where an editable install keeps it outside ``sys.path``.
+
+    The package folder and what its links point at (the layer folders of a
+    checkout), not the folder above them: a checkout also holds data
+    (``.turnlog``) that a tool must not see.
+    """
+    import turnlog
+
+    package = Path(turnlog.__file__).parent
+    return [package] + [child.resolve() for child in package.iterdir() if child.is_symlink()]
+
+
+def runner_path(python_path: tuple[str, ...]) -> tuple[str, ...]:
+    """``python_path`` with the folder that holds the ``turnlog`` package last, if missing."""
+    holder = [str(p.parent) for p in turnlog_paths()[:1]]
+    return python_path + tuple(h for h in holder if h not in python_path)
 
 
 def _answer(name: str, exit_code: int | None, stdout: str, stderr: str, truncated: bool) -> Any:
@@ -340,8 +373,20 @@ def load_modules(
     output_limit: int,
     containment: Containment | None = None,
     options: SandboxOptions | None = None,
+    search: Sequence[Path] = (),
 ) -> list[PythonTool]:
-    """Import each module and collect its ``@tool`` functions; refuse with the cause named."""
+    """Import each module and collect its ``@tool`` functions; refuse with the cause named.
+
+    ``search``: folders to look in (the tools file's, then the working
+    directory) for a module ``sys.path`` does not have: a module lies where
+    the file naming it does, whichever way the process was started (the
+    ``turnlog`` script puts its own folder, not the working directory, on
+    ``sys.path``). Only a folder a module was found in is added, since a
+    Python tool's process sees every folder of its path.
+    """
+    names = list(names)
+    for name in names:
+        _find(name, search)
     python_path = tuple(p or os.getcwd() for p in sys.path)
     containment = containment or Containment()
     options = options or SandboxOptions()

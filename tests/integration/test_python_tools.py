@@ -273,3 +273,43 @@ def test_a_side_effecting_python_tool_killed_mid_call_leaves_its_outcome_unknown
     assert "slow_write" in done.stderr or "unresolved" in done.stderr
     topics = [r[3] for r in raw_events(database, settings.namespace, UUID(session_id))]
     assert "turnlog.session.TurnInterrupted.v1" in topics
+
+
+MY_TOOLS = '''
+import turnlog
+
+
+@turnlog.tool(effect="read_only")
+def shout(text: str) -> str:
+    """Say it louder."""
+    return text.upper()
+'''
+
+
+def test_a_module_named_in_a_tools_file_loads_from_that_file_s_folder_as_documented(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """``my_tools.py`` beside ``tools.toml``; ``turnlog`` run from elsewhere, no PYTHONPATH."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "my_tools.py").write_text(MY_TOOLS)
+    (folder / "tools.toml").write_text('modules = ["my_tools"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = turnlog_env(settings, TURNLOG_TOOLS_FILE=str(folder / "tools.toml"))
+    env.pop("PYTHONPATH", None)
+    script = str(Path(sys.executable).parent / "turnlog")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [script, *args], capture_output=True, text=True, env=env, cwd=elsewhere, timeout=120
+        )
+
+    listed = run("tools", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "shout" in listed.stdout
+    session = run("sessions", "new", "--tools", "shout")
+    assert session.returncode == 0, session.stderr
+    sent = run("sessions", "send", session.stdout.strip(), '/tool shout {"text": "hello"}')
+    assert sent.returncode == 0, sent.stderr
+    assert "HELLO" in sent.stdout
