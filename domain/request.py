@@ -88,13 +88,14 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         messages.append(summary_message(session.compaction))
     if earlier is not None:
         for turn in earlier.turns:
-            if not turn.state.is_open:
+            if not turn.state.is_open and not _unsaid(turn):
                 messages.extend(_turn_messages(earlier, turn))
     current = session.open_turn
     for turn in session.turns:
         if turn.state is TurnState.QUEUED and turn is not current:
             continue  # a follow-up queued behind the current turn: not said yet
-        messages.extend(_turn_messages(session, turn))
+        if not _unsaid(turn):
+            messages.extend(_turn_messages(session, turn))
     return ModelRequest(
         provider=session.provider,
         model=session.model,
@@ -103,6 +104,19 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         tools_chosen=session.tools_chosen,
         turn=session.turn_count,
     )
+
+
+def _unsaid(turn: Turn) -> bool:
+    """A turn cancelled before the model answered it: the model is told nothing of it.
+
+    A follow-up cancelled while queued never reached the model, and one
+    cancelled before its first reply left nothing the model said; their
+    message would stand in the history as a question nobody answered (two
+    user messages in a row). A turn cancelled after a reply stays, with its
+    calls (their results, or "cancelled by operator: …"), so the model knows
+    what its tools did.
+    """
+    return turn.state is TurnState.CANCELLED and not turn.steps
 
 
 SUMMARY_NAME = "summary"
