@@ -163,6 +163,12 @@ class TurnFinished(Conflict):
     code = "turn_finished"
 
 
+class CancelPending(Conflict):
+    """A tool call would start in a turn whose cancel is already on record."""
+
+    code = "cancel_pending"
+
+
 class CallNotProposed(Conflict):
     """An approval or rejection names a tool call that is not waiting for one."""
 

@@ -485,6 +485,11 @@ class Session(Aggregate):
         """
         turn = self._claimed(turn_id, claim)
         call = self._call_of(turn, call_id)
+        if turn.cancel_reason:
+            # The cancel was acknowledged and recorded: no effect may start after it.
+            raise errors.CancelPending(
+                f"turn {turn_id} is being cancelled; tool call {call_id} does not start"
+            )
         try:
             effect = Effect(effect)
         except ValueError:

@@ -35,6 +35,7 @@ from turnlog.application.tools.port import ToolError, ToolOutcomeUnknown, ToolRe
 from turnlog.application.tools.probes import prober_of
 from turnlog.application.tools.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.tracing import Tracer
+from turnlog.domain import errors as domain_errors
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect, ToolProcess
 from turnlog.domain.values import check_storable, storable_text
@@ -71,13 +72,19 @@ class ToolStep(Fenced):
         effect = Effect(call.effect) if call.effect else tool.spec.effect
         # What a probe will need if we die mid-call goes into the intent itself.
         pre_state = self._pre_state(tool, session, call_id)
-        attempt, session = self._write_result(
-            session,
-            claim,
-            lambda s: s.start_tool_call(
-                turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
-            ),
-        )
+        try:
+            # On a conflict the write decides again on the session as stored: a cancel
+            # recorded meanwhile refuses the start (the next step then ends the turn).
+            attempt, session = self._write_result(
+                session,
+                claim,
+                lambda s: s.start_tool_call(
+                    turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
+                ),
+            )
+        except domain_errors.CancelPending:
+            log.info("tool call %s not started: its turn's cancel is on record", call_id)
+            return self.sessions.get_session(session.id)
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.
         lease.check()

@@ -406,6 +406,7 @@ class Ready(Model):
     role: str
     checks: dict[str, bool]
     horizon: dict[str, Any] | None = None
+    sandbox: str = Field("on", description="on, or off: … / unavailable: why.")
 
 
 class Metrics(Model):

@@ -166,3 +166,12 @@ def test_follow_ups_queue_behind_the_current_turn_and_an_interrupted_one_refuses
     s.interrupt_turn(first.turn_id, "w1")
     with pytest.raises(errors.UnresolvedTurn):
         s.submit_turn("three", enqueue=True)
+
+
+def test_no_call_starts_once_the_turn_s_cancel_is_on_record() -> None:
+    s, tid, claim = running_with_call()
+    assert s.cancel_turn(tid, "stop", "ops") == "requested"
+
+    with pytest.raises(errors.CancelPending):
+        s.start_tool_call(tid, claim, "c1", "w1", Effect.SIDE_EFFECTING)
+    assert s.call("c1").state is CallState.PENDING
