@@ -52,14 +52,20 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def open_sessions(settings: Settings, db: database.Database) -> Sessions:
-    """Create the namespace (idempotently, under a lock) and its Sessions application."""
+def open_sessions(
+    settings: Settings, db: database.Database, *, owns_schema: bool = True
+) -> Sessions:
+    """Create the namespace (idempotently, under a lock) and its Sessions application.
+
+    Only what is missing is created; an events table of an older version is
+    migrated only when ``owns_schema`` (``application.store.recorder``).
+    """
     with database.bootstrap_lock(db) as conn:
         database.create_schema(conn, settings.namespace)
         # Constructing with CREATE_TABLE=y creates the tables; doing it under
         # the lock keeps processes that start together from racing on CREATE.
         return Sessions(
-            env=database.library_env(db, settings, create_table=True),
+            env=database.library_env(db, settings, create_table=True, owns_schema=owns_schema),
             snapshot_interval=settings.snapshot_interval,
         )
 
@@ -125,15 +131,18 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
     )
 
 
-def build_runtime(settings: Settings, *, leases_kept: int = LEASES_KEPT) -> Runtime:
+def build_runtime(
+    settings: Settings, *, leases_kept: int = LEASES_KEPT, owns_schema: bool = True
+) -> Runtime:
     """The application with its database, tools and providers (``Process.start`` calls it).
 
     ``leases_kept``: lease connections kept between leases (a worker: its concurrency).
+    ``owns_schema``: may migrate the namespace's tables (not a one-shot command).
     """
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
     providers = build_providers(settings, tools)
     db = database.locate(settings)
-    sessions = open_sessions(settings, db)
+    sessions = open_sessions(settings, db, owns_schema=owns_schema)
     sessions.default_deadline_seconds = settings.turn_deadline_seconds
     executor = Executor(
         sessions=sessions,
@@ -197,6 +206,8 @@ class Process:
     follower: LogFollower | None = None
     supervisor: ProjectionSupervisor | None = None
     worker: Worker | None = None
+    # May migrate the namespace's tables: every serve role, and ``db init``.
+    owns_schema: bool | None = None  # None: when it has a role
 
     def start(self) -> Process:
         """Build and start what the role needs; blocking. Raises when the database is down."""
@@ -204,7 +215,8 @@ class Process:
             return self
         runs_worker = self.role is not None and self.role.runs_worker
         kept = max(LEASES_KEPT, self.worker_concurrency) if runs_worker else LEASES_KEPT
-        self.runtime = build_runtime(self.settings, leases_kept=kept)
+        owns = self.role is not None if self.owns_schema is None else self.owns_schema
+        self.runtime = build_runtime(self.settings, leases_kept=kept, owns_schema=owns)
         try:
             self._start_rest(self.runtime)
         except BaseException:
