@@ -16,6 +16,7 @@ statuses and exit codes in one place. The tree::
     ├── InvalidNamespace         (422)
     ├── InvalidToolArguments     (422) an operator's edited arguments fail the tool's schema
     ├── DatabaseUnavailable      (503)
+    ├── SchemaNotReady           (503) the events table must be created or migrated first
     └── ConfigurationError       refused at start-up (a bad tools file)
 """
 
@@ -63,6 +64,17 @@ class DatabaseUnavailable(ApplicationError):
     """PostgreSQL could not be reached."""
 
     code = "database_unavailable"
+
+
+class SchemaNotReady(ApplicationError):
+    """The namespace's events table needs migrating, and this process may not or could not.
+
+    Only the processes that own the schema migrate it (``serve``, ``worker``,
+    ``projections run``, ``db init``), and only without waiting long for a
+    lock: nothing was changed.
+    """
+
+    code = "schema_not_ready"
 
 
 class ProjectionBusy(ApplicationError):

@@ -68,14 +68,20 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def open_sessions(settings: Settings, db: database.Database) -> Sessions:
-    """Create the namespace (idempotently, under a lock) and its Sessions application."""
+def open_sessions(
+    settings: Settings, db: database.Database, *, owns_schema: bool = True
+) -> Sessions:
+    """Create the namespace (idempotently, under a lock) and its Sessions application.
+
+    Only what is missing is created; an events table of an older version is
+    migrated only when ``owns_schema`` (``application.store.recorder``).
+    """
     with database.bootstrap_lock(db) as conn:
         database.create_schema(conn, settings.namespace)
         # Constructing with CREATE_TABLE=y creates the tables; doing it under
         # the lock keeps processes that start together from racing on CREATE.
         return Sessions(
-            env=database.library_env(db, settings, create_table=True),
+            env=database.library_env(db, settings, create_table=True, owns_schema=owns_schema),
             snapshot_interval=settings.snapshot_interval,
         )
 
@@ -248,7 +254,11 @@ def build_providers(settings: Settings, tools: ToolRegistry) -> ProviderRegistry
 
 
 def build_runtime(
-    settings: Settings, *, leases_kept: int = LEASES_KEPT, load_tools: bool = True
+    settings: Settings,
+    *,
+    leases_kept: int = LEASES_KEPT,
+    load_tools: bool = True,
+    owns_schema: bool = True,
 ) -> Runtime:
     """The application with its database, tools and providers (``Process.start`` calls it).
 
@@ -256,6 +266,7 @@ def build_runtime(
     ``load_tools``: list every MCP server's tools now (starting the servers), so a
     server that cannot start stops the process here; False leaves that to the
     first use, so a command that runs no tool starts no server.
+    ``owns_schema``: may migrate the namespace's tables (not a one-shot command).
     """
     tools = build_tools(settings)  # before the database: a bad tools file fails fast
     try:
@@ -263,7 +274,7 @@ def build_runtime(
             tools.load()
         providers = build_providers(settings, tools)
         db = database.locate(settings)
-        sessions = open_sessions(settings, db)
+        sessions = open_sessions(settings, db, owns_schema=owns_schema)
     except BaseException:
         tools.close()
         raise
@@ -331,6 +342,8 @@ class Process:
     follower: LogFollower | None = None
     supervisor: ProjectionSupervisor | None = None
     worker: Worker | None = None
+    # May migrate the namespace's tables: every serve role, and ``db init``.
+    owns_schema: bool | None = None  # None: when it has a role
 
     def start(self) -> Process:
         """Build and start what the role needs; blocking. Raises when the database is down."""
@@ -341,7 +354,9 @@ class Process:
         # A serve role lists its MCP tools now (a server that is down stops it); a
         # one-shot command only when it needs them (db status, check start none).
         load = self.role is not None
-        self.runtime = build_runtime(self.settings, leases_kept=kept, load_tools=load)
+        owns = self.role is not None if self.owns_schema is None else self.owns_schema
+        built = build_runtime(self.settings, leases_kept=kept, load_tools=load, owns_schema=owns)
+        self.runtime = built
         try:
             self._start_rest(self.runtime)
         except BaseException:

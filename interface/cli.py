@@ -64,6 +64,7 @@ class Context:
     overrides: dict[str, Any] = field(default_factory=dict)
     _settings: Settings | None = None
     _process: Process | None = None
+    owns_schema: bool = False  # a one-shot command never migrates the tables; ``db init`` does
 
     def settings(self) -> Settings:
         if self._settings is None:
@@ -77,7 +78,9 @@ class Context:
         """The one-shot command's process (runtime; read models on first use), started."""
         if self._process is None:
             try:
-                self._process = build_process(self.settings(), None).start()
+                process = build_process(self.settings(), None)
+                process.owns_schema = self.owns_schema
+                self._process = process.start()
             except ConfigurationError as exc:
                 fail(2, f"invalid configuration: {exc.detail}")
         return self._process
@@ -524,7 +527,8 @@ def turns_show(
 
 @db_app.command("init")
 def db_init(ctx: typer.Context) -> None:
-    """Create the namespace's schema and tables (safe to run again)."""
+    """Create or migrate the namespace's schema and tables (safe to run again)."""
+    ctx_of(ctx).owns_schema = True
     rt = run(ctx, lambda rt: rt)
     out.print(
         f"namespace {rt.settings.namespace} ready in schema {rt.settings.schema_name} "

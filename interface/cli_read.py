@@ -325,6 +325,13 @@ def audit(
             "--chain-existing", help="Hash, once, every stream stored before events were chained."
         ),
     ] = False,
+    accept_unchained: Annotated[
+        bool,
+        typer.Option(
+            "--accept-unchained",
+            help="With --verify: a stream stored before the chain is not a failure.",
+        ),
+    ] = False,
 ) -> None:
     """Show a session's stored events (or the whole log) as stored; --verify proves it whole."""
     if chain_existing:
@@ -348,7 +355,7 @@ def audit(
         _head(ctx, sid, as_json)
         return
     if verify_stream:
-        _verify(ctx, sid, strict)
+        _verify(ctx, sid, strict, accept_unchained)
         return
     records = _with_read_models(ctx, lambda rt, m: audits.stream(m.events, sid))
     if not records:
@@ -357,7 +364,11 @@ def audit(
 
 
 def _head(ctx: typer.Context, sid: UUID, as_json: bool) -> None:
-    version, digest = _with_read_models(ctx, lambda rt, m: audits.head(m.events, sid))
+    version, digest, broken = _with_read_models(ctx, lambda rt, m: audits.head(m.events, sid))
+    if broken:
+        for problem in broken:
+            err.print(f"problem: {escape(problem)}")
+        fail(1, f"session {sid} (version {version}): its chain is broken; no head to keep")
     if as_json:
         print(
             json.dumps(
@@ -377,18 +388,30 @@ def _head(ctx: typer.Context, sid: UUID, as_json: bool) -> None:
 
 def _chain_existing(ctx: typer.Context) -> None:
     def progress(done: Any, index: int, total: int) -> None:
-        err.print(f"[{index}/{total}] session {done.session_id}: {done.events} event(s) chained")
+        what = (
+            f"refused: {escape(done.refused)}"
+            if done.refused
+            else f"{done.events} event(s) chained"
+        )
+        err.print(f"[{index}/{total}] session {done.session_id}: {what}")
 
-    chained = _with_read_models(ctx, lambda rt, m: audits.chain_existing(m.events, progress))
-    if not chained:
+    found = _with_read_models(ctx, lambda rt, m: audits.chain_existing(m.events, progress))
+    chained = [c for c in found if not c.refused]
+    refused = [c for c in found if c.refused]
+    if not found:
         out.print("nothing to chain: every stored event carries its hash")
         return
     events = sum(c.events for c in chained)
     out.print(f"chained {events} event(s) in {len(chained)} session(s)")
+    if refused:
+        names = ", ".join(str(c.session_id) for c in refused)
+        fail(1, f"not chained, their chain exists and is broken: {names}")
 
 
-def _verify(ctx: typer.Context, sid: UUID, strict: bool) -> None:
-    result = _with_read_models(ctx, lambda rt, m: audits.verify_stream(m.events, sid))
+def _verify(ctx: typer.Context, sid: UUID, strict: bool, accept_unchained: bool) -> None:
+    result = _with_read_models(
+        ctx, lambda rt, m: audits.verify_stream(m.events, sid, accept_unchained)
+    )
     for note in result.notes:
         err.print(f"note: {escape(note)}")
     for line in result.compared:

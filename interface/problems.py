@@ -123,6 +123,7 @@ _TABLE: list[_Entry] = [
     _Entry(app_errors.InvalidNamespace, 422, "Invalid namespace"),
     _Entry(app_errors.InvalidToolArguments, 422, "Invalid tool arguments"),
     _Entry(app_errors.DatabaseUnavailable, 503, "Database unavailable", retry_after=5),
+    _Entry(app_errors.SchemaNotReady, 503, "Schema not ready", retry_after=5),
     _Entry(InvalidRequest, 422, "Invalid request"),
     _Entry(Unauthorized, 401, "Unauthorized"),
     _Entry(PayloadTooLarge, 413, "Payload too large"),

@@ -14,8 +14,10 @@ stream is whole and that everything derived from it agrees:
    replayed aggregate's own state;
 5. each event's stored hash is recomputed from its bytes and the previous
    event's hash (``application.store.chain``); the first broken link is named.
-   Events stored before the chain are reported unchained (not compared)
-   until ``turnlog audit --chain-existing`` has hashed them.
+   A stream stored before the chain (no hash at all) is a problem, since
+   nothing proves it whole, unless the caller accepts unchained streams
+   (then it is reported not compared) until ``turnlog audit --chain-existing``
+   has hashed it.
 
 What each read model was compared over is reported (``compared``), and
 what could not be (``not_compared``): a read model that has processed none
@@ -153,14 +155,16 @@ def _record(events: EventLog, row: Any) -> StoredRecord:
     )
 
 
-def verify_stream(events: EventLog, session_id: UUID) -> StreamAudit:
+def verify_stream(
+    events: EventLog, session_id: UUID, accept_unchained: bool = False
+) -> StreamAudit:
     """Check one session's stream and what is derived from it; see the module docstring."""
     records = stream(events, session_id)
     if not records:
         raise SessionNotFound(f"session {session_id} has no stored events")
     audit = StreamAudit(session_id, len(records), max(r.position for r in records))
     _check_versions(records, audit)
-    _check_chain(events, session_id, audit)
+    _check_chain(events, session_id, audit, accept_unchained)
     for r in records:
         if r.error:
             audit.problems.append(
@@ -190,30 +194,40 @@ def _check_versions(records: list[StoredRecord], audit: StreamAudit) -> None:
         )
 
 
-def _check_chain(events: EventLog, session_id: UUID, audit: StreamAudit) -> None:
+def _check_chain(
+    events: EventLog, session_id: UUID, audit: StreamAudit, accept_unchained: bool
+) -> None:
     with events.datastore.get_connection() as conn:
         links = chain.read_links(conn, events.schema, events.events_table, session_id)
     found = chain.check(links)
     audit.problems.extend(found.broken)
-    if found.unchained:
-        audit.not_compared.append(
+    if found.unchained and not found.broken:
+        unchained = (
             f"hash chain: {len(found.unchained)} of {len(links)} events unchained (stored"
-            f" before events were chained, from version {found.unchained[0]}); run"
-            " `turnlog audit --chain-existing` once to chain them"
+            f" before events were chained, from version {found.unchained[0]}): nothing proves"
+            " them unchanged; run `turnlog audit --chain-existing` once to chain them"
         )
+        if accept_unchained:
+            audit.not_compared.append(unchained)
+        else:
+            audit.problems.append(f"{unchained}, or pass --accept-unchained")
     if found.chained:
         audit.compared.append(
             f"hash chain: {found.chained} of {len(links)} events recomputed and linked"
         )
 
 
-def head(events: EventLog, session_id: UUID) -> tuple[int, bytes | None]:
-    """The stream's last version and its hash (None: unchained)."""
+def head(events: EventLog, session_id: UUID) -> tuple[int, bytes | None, list[str]]:
+    """The stream's last version, its hash (None: unchained) and its broken links.
+
+    The whole chain is recomputed: a head is worth keeping only when every
+    link up to it holds.
+    """
     with events.datastore.get_connection() as conn:
-        version, digest = chain.head(conn, events.schema, events.events_table, session_id)
-    if version == 0:
+        links = chain.read_links(conn, events.schema, events.events_table, session_id)
+    if not links:
         raise SessionNotFound(f"session {session_id} has no stored events")
-    return version, digest
+    return links[-1].version, links[-1].hash, chain.check(links).broken
 
 
 def chain_existing(

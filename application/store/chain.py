@@ -16,7 +16,9 @@ Rows stored before the chain have no hash (NULL), and an event following an
 unchained one gets none either: its stream stays unchained until
 ``turnlog audit --chain-existing`` hashes it, once, from its first event.
 That command writes only the hash column; stored payloads are never
-rewritten.
+rewritten. It hashes only streams that were never chained (no hash at
+all): a stream that has hashes and a broken or missing link is refused, by
+name, so that an edited stream cannot be re-hashed into one that verifies.
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ def head(conn: Any, schema: str, events_table: str, session_id: UUID) -> tuple[i
 class Chained:
     session_id: UUID
     events: int  # hashes written
+    refused: str = ""  # why the stream was not chained (empty: it was)
 
 
 def chain_existing(
@@ -185,11 +188,15 @@ def chain_existing(
     progress: Callable[[Chained, int, int], None] = lambda c, i, n: None,
     max_passes: int = 10,
 ) -> list[Chained]:
-    """Hash every stream's unchained events from their first event (only the hash column).
+    """Hash, from its first event, every stream that was never chained (only the hash column).
 
-    Each stream in its own transaction. A writer that saves the stream's next
-    event meanwhile may still chain from an unhashed row (its hash stays
-    NULL); the stream is then looked at again, up to ``max_passes`` times.
+    A stream with any stored hash is not re-hashed: it was chained, so a
+    missing or broken link in it is evidence (an edit, or a hash removed)
+    and is refused with the first broken link named. Each stream in its own
+    transaction. A writer that saves the stream's next event meanwhile may
+    still chain from an unhashed row (its hash stays NULL); the stream is
+    then looked at again, up to ``max_passes`` times, and only that tail,
+    after the hashes this run wrote and checked, is hashed.
     """
     t = table(schema, events_table)
     with datastore.get_connection() as conn:
@@ -201,35 +208,49 @@ def chain_existing(
         ]
     done: list[Chained] = []
     for index, session_id in enumerate(streams, 1):
-        written = 0
+        written, refused = 0, ""
         for _ in range(max_passes):
-            count = _chain_stream(datastore, schema, events_table, session_id)
+            count, refused = _chain_stream(
+                datastore, schema, events_table, session_id, extend=written > 0
+            )
             if count == 0:
                 break
             written += count
-        chained = Chained(session_id, written)
+        chained = Chained(session_id, written, refused)
         done.append(chained)
         progress(chained, index, len(streams))
     return done
 
 
-def _chain_stream(datastore: Any, schema: str, events_table: str, session_id: UUID) -> int:
+def _chain_stream(
+    datastore: Any, schema: str, events_table: str, session_id: UUID, extend: bool
+) -> tuple[int, str]:
+    """Hash the stream's unhashed events: (hashes written, why refused).
+
+    ``extend``: this run already chained the stream, so a hashed prefix
+    that checks whole may be followed by an unhashed tail (a concurrent
+    writer's); otherwise any stored hash refuses the stream.
+    """
     t = table(schema, events_table)
     with datastore.transaction(commit=True) as curs:
         links = read_links(curs, schema, events_table, session_id)
-        previous = b""
+        hashed = [row for row in links if row.hash is not None]
+        if hashed:
+            prefix = links[: len(hashed)]
+            found = check(prefix)
+            if not extend or prefix != hashed or found.broken:
+                first = found.broken[0] if found.broken else check(links).broken[0]
+                return 0, f"it has a chain and the chain is broken: {first}"
+        previous = hashed[-1].hash if hashed else b""
         versions: list[int] = []
         hashes: list[bytes] = []
-        for row in links:
-            if row.hash is None:
-                row_hash = link(previous, row.topic, row.state)
-                versions.append(row.version)
-                hashes.append(row_hash)
-                previous = row_hash
-            else:
-                previous = row.hash
+        for row in links[len(hashed) :]:
+            assert previous is not None
+            previous = link(previous, row.topic, row.state)
+            versions.append(row.version)
+            hashes.append(previous)
         if not versions:
-            return 0
+            return 0, ""
         curs.execute(
             sql.SQL(
                 "UPDATE {t} e SET hash = x.h"
@@ -238,4 +259,4 @@ def _chain_stream(datastore: Any, schema: str, events_table: str, session_id: UU
             ).format(t=t),
             [versions, hashes, session_id],
         )
-        return len(versions)
+        return len(versions), ""

@@ -159,8 +159,14 @@ def create_schema(conn: psycopg.Connection[Any], namespace: str) -> str:
     return schema
 
 
-def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict[str, str]:
-    """The eventsourcing library's configuration for this namespace."""
+def library_env(
+    db: Database, settings: Settings, *, create_table: bool, owns_schema: bool = True
+) -> dict[str, str]:
+    """The eventsourcing library's configuration for this namespace.
+
+    ``owns_schema``: the process may migrate an events table written by an
+    older version (``application.store.recorder``); one-shot commands do not.
+    """
     p = db.params
     return {
         # The library's PostgreSQL persistence, with a pool that can fail fast
@@ -189,6 +195,7 @@ def library_env(db: Database, settings: Settings, *, create_table: bool) -> dict
         # recording the order and confuse tables of two applications in one schema.
         "POSTGRES_ENABLE_DB_FUNCTIONS": "n",
         "CREATE_TABLE": "y" if create_table else "n",
+        "TURNLOG_OWNS_SCHEMA": "y" if owns_schema else "n",
     }
 
 

@@ -100,6 +100,11 @@ def add_column_statement(schema: str, table_name: str, alter: sql.Composable) ->
     ).format(regclass=sql.Literal(f"{_quoted(schema)}.{_quoted(table_name)}"), alter=alter)
 
 
+def index_name(events_table: str) -> str:
+    """The name of the index of the log's order on ``events_table``."""
+    return f"{events_table}{INDEX_NAME_SUFFIX}"[:63]
+
+
 def migration_statements(schema: str, events_table: str) -> list[sql.Composed]:
     """Make an events table written by older code carry transaction ids (idempotent).
 
@@ -109,7 +114,7 @@ def migration_statements(schema: str, events_table: str) -> list[sql.Composed]:
     starting later takes no ACCESS EXCLUSIVE lock on a table in use.
     """
     qualified = table(schema, events_table)
-    index = sql.Identifier(f"{events_table}{INDEX_NAME_SUFFIX}"[:63])
+    index = sql.Identifier(index_name(events_table))
     alter = sql.SQL(
         "ALTER TABLE {table} ADD COLUMN xact_id xid8;"
         " ALTER TABLE {table} ALTER COLUMN xact_id SET DEFAULT pg_current_xact_id();"

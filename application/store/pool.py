@@ -163,6 +163,9 @@ class TurnlogFactory(PostgresFactory):
         pool.reconnect_timeout = RECONNECT_TIMEOUT
         kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
         pool.reachability = Reachability(dict(kwargs or {}))
+        # Read by the recorder's create_table (application/store/recorder.py).
+        owns = (self.env.get("TURNLOG_OWNS_SCHEMA") or "y").lower() not in ("n", "no", "0")
+        self.datastore.turnlog_owns_schema = owns  # type: ignore[attr-defined]
 
     def close(self) -> None:
         # Notifications still pending go out before the pool closes.

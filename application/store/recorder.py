@@ -34,11 +34,22 @@ takes neither:
 
 Creating the table also migrates an events table written by older code
 (the column, its default and the index of the log's order; the nullable
-``hash`` column; stored events are not rewritten).
+``hash`` column; stored events are not rewritten). It first asks the catalog
+and runs nothing when every object is there: PostgreSQL takes a table's
+SHARE lock for ``CREATE INDEX IF NOT EXISTS`` before it looks, so that
+statement waits for every open write transaction and queues every later
+writer behind it. When something is missing the statements run under
+``SCHEMA_LOCK_TIMEOUT``: a start fails rather than queue the namespace. A
+table that exists but needs migrating is migrated only by a process that
+owns the schema (``TURNLOG_OWNS_SCHEMA`` in the library's environment:
+``serve``, ``worker``, ``projections run``, ``db init``); a one-shot command
+refuses with ``SchemaNotReady`` instead. A namespace with no table yet is
+created by any process: there is no writer to block.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -48,15 +59,22 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from eventsourcing.persistence import OperationalError as PersistenceOperationalError
 from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg import Connection, Cursor, InterfaceError, OperationalError
+from psycopg.errors import DuplicateObject
 from psycopg.sql import SQL
 
-from turnlog.application.errors import ApplicationError
+from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
 from turnlog.application.store.database import rendered
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
 
 log = logging.getLogger("turnlog.recorder")
 
@@ -302,6 +320,22 @@ def _merge(hints: dict[UUID, Hint], marked: Sequence[tuple[UUID | str, str, int]
             hints[session_id] = Hint(session_id, marks, max(version, known.version))
 
 
+SCHEMA_LOCK_TIMEOUT = "5s"
+
+# Set on the datastore by the factory: False in one-shot commands, which never migrate.
+OWNS_SCHEMA = "turnlog_owns_schema"
+
+_READY = SQL(
+    "SELECT to_regclass(%(table)s) IS NOT NULL AS exists, to_regclass(%(table)s) IS NOT NULL"
+    " AND to_regclass(%(index)s) IS NOT NULL AND to_regclass(%(order)s) IS NOT NULL"
+    " AND (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%(table)s)"
+    "      AND attname IN ('xact_id', 'hash') AND NOT attisdropped) = 2 AS ready"
+)
+
+
+_LOCK_TIMEOUT = SQL("SELECT set_config('lock_timeout', %s, true)")
+
+
 class TurnlogRecorder(PostgresApplicationRecorder):
     """Inserts a save's events in one statement, with their transaction id; notifies after."""
 
@@ -321,6 +355,47 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
         self.datastore.turnlog_notifiers = notifiers  # type: ignore[attr-defined]
+
+    def create_table(self) -> None:
+        """Create or migrate what is missing only (see the module docstring)."""
+        schema = self.datastore.schema
+        names = {
+            "table": f"{_quoted(schema)}.{_quoted(self.events_table_name)}",
+            "index": f"{_quoted(schema)}.{_quoted(self.notification_id_index_name)}",
+            "order": f"{_quoted(schema)}.{_quoted(logorder.index_name(self.events_table_name))}",
+        }
+        with self.datastore.transaction(commit=False) as curs:
+            curs.execute(_READY, names)
+            row = curs.fetchone()
+        if row is not None and row["ready"]:
+            self.datastore.register_type_adapters()
+            return
+        if row is not None and row["exists"] and not getattr(self.datastore, OWNS_SCHEMA, True):
+            raise SchemaNotReady(
+                f"{names['table']} was written by an older version and must be migrated:"
+                " run `turnlog db init` (or start serve); nothing was changed"
+            )
+        for statement in self.sql_create_statements:
+            if "CREATE TYPE" in statement.as_string():  # no IF NOT EXISTS for types
+                with (
+                    self.datastore.transaction(commit=True) as curs,
+                    contextlib.suppress(DuplicateObject),
+                ):
+                    curs.execute(statement, prepare=False)
+        try:
+            with self.datastore.transaction(commit=True) as curs:
+                curs.execute(_LOCK_TIMEOUT, [SCHEMA_LOCK_TIMEOUT])
+                self._create_table(curs)
+        except (OperationalError, PersistenceOperationalError) as exc:
+            cause = exc if isinstance(exc, OperationalError) else exc.__cause__
+            if getattr(cause, "sqlstate", None) != "55P03":  # lock_not_available
+                raise
+            raise SchemaNotReady(
+                f"{names['table']} must be migrated but a transaction holds it"
+                f" (waited {SCHEMA_LOCK_TIMEOUT}); nothing was changed: start again"
+                " when it has ended"
+            ) from None
+        self.datastore.register_type_adapters()
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Sequence[int]:

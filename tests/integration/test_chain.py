@@ -89,8 +89,28 @@ def test_every_insert_chains_and_verify_names_a_payload_changed_with_its_length_
     assert f"chain broken at version {target.version} (position {target.position}" in (
         verified.stdout.replace("\n", " ")
     ), verified.stdout
-    # The head is unchanged: only the chain shows the edit.
-    assert turnlog(settings, "audit", str(sid), "--head").stdout == head.stdout
+    # The stored head is unchanged, but it is not offered as one to keep: the chain is broken.
+    broken_head = turnlog(settings, "audit", str(sid), "--head")
+    assert broken_head.returncode == 1 and broken_head.stdout == "", broken_head.stdout
+    assert f"chain broken at version {target.version}" in broken_head.stderr.replace("\n", " ")
+
+    # Removing the hashes from the edit on does not make --chain-existing re-hash it.
+    query(
+        settings,
+        "UPDATE sessions_events SET hash = NULL"
+        " WHERE originator_id = %s AND originator_version >= %s",
+        sid,
+        target.version,
+    )
+    rehash = turnlog(settings, "audit", "--chain-existing")
+    assert rehash.returncode == 1, rehash.stdout + rehash.stderr
+    assert f"session {sid}: refused: it has a chain and the chain is broken" in (
+        rehash.stderr.replace("\n", " ")
+    ), rehash.stderr
+    assert str(sid) in rehash.stderr.split("error:")[-1].replace("\n", "")
+    assert all(link.hash is None for link in links(settings, sid) if link.version >= target.version)
+    still = turnlog(settings, "audit", "--verify", str(sid))
+    assert still.returncode == 1, still.stdout
 
 
 def test_streams_stored_before_the_chain_are_unchained_until_chained_once(
@@ -112,11 +132,17 @@ def test_streams_stored_before_the_chain_are_unchained_until_chained_once(
     assert all(link.hash is None for link in stream)  # an unchained stream stays so
 
     unchained = turnlog(settings, "audit", "--verify", str(old))
-    assert unchained.returncode == 0, unchained.stdout + unchained.stderr
-    assert f"hash chain: {len(stream)} of {len(stream)} events unchained" in (
+    assert unchained.returncode == 1, unchained.stdout + unchained.stderr
+    assert f"problem: hash chain: {len(stream)} of {len(stream)} events unchained" in (
         unchained.stdout.replace("\n", " ")
     ), unchained.stdout
-    assert turnlog(settings, "audit", "--verify", "--strict", str(old)).returncode == 1
+    accepted = turnlog(settings, "audit", "--verify", "--accept-unchained", str(old))
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert f"not compared: hash chain: {len(stream)} of {len(stream)} events unchained" in (
+        accepted.stdout.replace("\n", " ")
+    ), accepted.stdout
+    strict = ("audit", "--verify", "--accept-unchained", "--strict", str(old))
+    assert turnlog(settings, *strict).returncode == 1
     no_head = turnlog(settings, "audit", str(old), "--head")
     assert no_head.returncode == 1 and "unchained" in no_head.stderr
 
