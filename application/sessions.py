@@ -37,7 +37,7 @@ from turnlog.domain.session import (
     replay_turns,
     retaining,
 )
-from turnlog.domain.turns import FinishedTurn, Step, ToolCall, Turn
+from turnlog.domain.turns import FinishedEntry, FinishedTurn, Step, ToolCall, Turn
 
 log = logging.getLogger("turnlog.sessions")
 
@@ -223,7 +223,7 @@ class Sessions(Application[UUID]):
                 if number - done <= len(open_turns):
                     page.append((session, open_turns[number - done - 1]))
             else:
-                page.append((record, by_id[session.finished[number - 1][0]]))
+                page.append((record, by_id[session.finished[number - 1].turn_id]))
         return session, page, (low + 1 if low > 0 else None)
 
     def request_for(self, session: Session) -> ModelRequest:
@@ -329,7 +329,11 @@ class Sessions(Application[UUID]):
             target = first if isinstance(event, Session.TurnSubmitted) else last
             target[turn_id] = event.originator_version
         session.finished = [
-            e if e[2] else [e[0], e[1], first.get(e[0], 0), last.get(e[0], 0), e[4]]
+            e
+            if e.first_version
+            else e._replace(
+                first_version=first.get(e.turn_id, 0), last_version=last.get(e.turn_id, 0)
+            )
             for e in session.finished
         ]
         for turn in session.turns:
@@ -472,19 +476,19 @@ class Sessions(Application[UUID]):
         return [UUID(str(n.originator_id)) for n in notifications]
 
 
-def _span(entries: Sequence[list[Any]]) -> tuple[int, int]:
+def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
     """The version range holding every event of these finished turns.
 
     Turns usually finish in the order they were submitted, but a follow-up
     cancelled while queued finishes before the turn ahead of it: take the
     lowest first and the highest last version, not the ends of the list.
     """
-    return min(e[2] for e in entries), max(e[3] for e in entries)
+    return min(e.first_version for e in entries), max(e.last_version for e in entries)
 
 
 def _ranges_unknown(session: Session) -> bool:
     """True for a session upcast from a version-1 snapshot whose turns lack version ranges."""
     return bool(
-        (session.finished and not session.finished[0][2])
+        (session.finished and not session.finished[0].first_version)
         or any(not t.first_version for t in session.turns)
     )

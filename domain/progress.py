@@ -30,7 +30,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from turnlog.domain.session import Session, probed_not_applied
+from turnlog.domain.events import probed_not_applied
+from turnlog.domain.session import Session
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, Effect, ToolCall, Turn, TurnState
 
 

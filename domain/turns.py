@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TOOL_ATTEMPTS = 3
@@ -212,6 +212,20 @@ class Turn:
         return ""
 
 
+class FinishedEntry(NamedTuple):
+    """A session's record of one finished turn, as it keeps (and its snapshot stores) it.
+
+    Stored as a JSON list in this order, as the positional lists of earlier
+    versions were, so snapshots of either kind load as these.
+    """
+
+    turn_id: str
+    state: str
+    first_version: int  # of its events (0: not known yet, upcast from a version-1 snapshot)
+    last_version: int
+    call_ids: list[str]
+
+
 @dataclass(frozen=True)
 class FinishedTurn:
     """What a session keeps of a finished turn: its id, how it ended, where its events are.
@@ -228,8 +242,14 @@ class FinishedTurn:
     call_ids: tuple[str, ...] = ()
 
     @classmethod
-    def from_entry(cls, entry: list[Any]) -> FinishedTurn:
-        return cls(entry[0], TurnState(entry[1]), entry[2], entry[3], tuple(entry[4]))
+    def from_entry(cls, entry: FinishedEntry) -> FinishedTurn:
+        return cls(
+            entry.turn_id,
+            TurnState(entry.state),
+            entry.first_version,
+            entry.last_version,
+            tuple(entry.call_ids),
+        )
 
 
 def require_text(value: str, what: str, error: type[Exception]) -> str:

@@ -14,9 +14,10 @@ from tests.unit.histories import (
     recorded,
 )
 from turnlog.domain import errors
+from turnlog.domain.events import NOT_APPLIED_ERROR
 from turnlog.domain.progress import Action, Decision, decide, next_step
 from turnlog.domain.request import tool_result_text
-from turnlog.domain.session import NOT_APPLIED_ERROR, Session
+from turnlog.domain.session import Session
 from turnlog.domain.turns import MAX_TOOL_ATTEMPTS, CallState, Effect, ProbeAnswer, TurnState
 
 RECOVERER = "worker-b"

@@ -170,3 +170,69 @@ def test_a_renamed_event_class_reads_and_writes_the_topic_of_its_former_name() -
         "turnlog.session.SessionStarted.v1",
         "turnlog.session.SessionClosed.v1",
     ]
+
+
+# Every topic the Session's events were stored under while they were nested in the aggregate.
+STORED_TOPICS = [
+    "turnlog.session.SessionStarted.v1",
+    "TurnSubmitted.v1",
+    "TurnClaimed.v1",
+    "ModelReplied.v1",
+    "ToolCallStarted.v1",
+    "ToolCallProcessStarted.v1",
+    "ToolCallSucceeded.v1",
+    "ToolCallFailed.v1",
+    "TurnCompleted.v1",
+    "TurnFailed.v1",
+    "TurnInterrupted.v1",
+    "ToolCallResolved.v1",
+    "TurnAbandoned.v1",
+    "CancelRequested.v1",
+    "TurnCancelled.v1",
+    "ToolCallProposed.v1",
+    "ToolCallApproved.v1",
+    "ToolCallRejected.v1",
+    "ContextCompacted.v1",
+    "SessionClosed.v1",
+    "ToolCallProbed.v1",
+    "Snapshot.v1",
+    "Snapshot.v2",
+]
+
+
+def test_every_topic_stored_before_the_events_moved_resolves_to_the_same_event() -> None:
+    from turnlog.domain import events
+
+    for short in STORED_TOPICS:
+        topic = short if short.startswith("turnlog.") else f"turnlog.session.{short}"
+        cls = resolve_topic(topic)
+        name = short.split(".")[-2]
+        expected = {"SessionStarted": "Started", "SessionClosed": "Closed"}.get(name, name)
+        assert cls is getattr(Session, expected), topic
+        if expected not in ("Started", "Snapshot"):
+            assert cls is getattr(events, expected)  # defined in domain/events.py now
+            assert topic == cls.TOPIC  # and stored under the same topic as before
+
+
+def test_finished_turns_stored_as_positional_lists_load_as_typed_entries() -> None:
+    from turnlog.domain.turns import FinishedEntry
+
+    session = Session.start(title="typed")
+    turn, _ = session.submit_turn("hello")
+    claim = session.claim_turn(turn.turn_id, "w1")
+    session.complete_turn(turn.turn_id, claim, "hi")
+    snapshot = Session.Snapshot.take(session)
+    state = dict(snapshot.state)
+    state["finished"] = [list(e) for e in state["finished"]]  # as earlier versions stored them
+    loaded = Session.Snapshot(
+        originator_id=snapshot.originator_id,
+        originator_version=snapshot.originator_version,
+        timestamp=snapshot.timestamp,
+        topic=snapshot.topic,
+        state=state,
+    ).mutate(None)
+
+    [entry] = loaded.finished
+    assert isinstance(entry, FinishedEntry)
+    assert (entry.turn_id, entry.state, entry.call_ids) == (turn.turn_id, "completed", [])
+    assert entry.first_version == 2 and entry.last_version == loaded.version
