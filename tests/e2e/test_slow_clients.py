@@ -136,3 +136,41 @@ def test_an_idle_keep_alive_connection_longer_than_the_header_timeout_is_served(
         time.sleep(HEADER_TIMEOUT * 1.5)  # pacing the client, not waiting for the server
         sock.sendall(request)
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_header_block_over_its_bound_is_answered_431_before_it_is_buffered(
+    served: Cluster,
+) -> None:
+    sock = connect(served)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 8 * 1024 * 1024:  # an endless header: the server answers long before
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    received, _ = read_until_closed(sock, scaled(10))
+    assert received.startswith(b"HTTP/1.1 431 "), received[:200]
+    assert b'"code": "headers_too_large"' in received
+    assert sent < 8 * 1024 * 1024  # refused while it was still coming
+
+
+def test_too_many_header_lines_are_answered_431(served: Cluster) -> None:
+    sock = connect(served)
+    lines = b"".join(b"X-%d: 1\r\n" % n for n in range(150))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n")
+    received, _ = read_until_closed(sock, scaled(10))
+    assert received.startswith(b"HTTP/1.1 431 "), received[:200]
+
+
+def test_headers_within_the_bounds_are_served_even_when_they_arrive_in_pieces(
+    served: Cluster,
+) -> None:
+    sock = connect(served)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * 20000 + b"\r\n\r\n"
+    for i in range(0, len(request), 7000):
+        sock.sendall(request[i : i + 7000])
+    assert read_response(sock).startswith(b"HTTP/1.1 200 ")
+    sock.sendall(request)  # the next request on the connection counts afresh
+    assert read_response(sock).startswith(b"HTTP/1.1 200 ")
