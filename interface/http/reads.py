@@ -1,4 +1,4 @@
-"""Reads tried once more when their database connection dies under them.
+"""Reads, and writes under an idempotency key, tried once more when their connection dies.
 
 The server may terminate a pooled connection while a read is in flight (a
 restart, a failover, an administrator's ``pg_terminate_backend``, an idle
@@ -8,6 +8,10 @@ end (application/store/pool.py), but one that dies mid-query raises
 
 A read (GET, HEAD) wrote nothing, so it is run once more before the client
 hears 503 — on another connection, since the pool discards the broken one.
+A write that carries an ``Idempotency-Key`` (creating a session, submitting
+a turn) is run once more too: if its first attempt committed before the
+connection died, the second finds the key and answers what the first did;
+if not, it writes once. A write without a key is never repeated.
 A server that is really unreachable still gets its 503 at once: the second
 attempt meets the pool's fail-fast check, whose ``DatabaseUnavailable`` is
 not retried; nor is a pool that timed out (it is busy, and was waited for).
@@ -52,14 +56,17 @@ def connection_died(exc: BaseException) -> bool:
 
 
 class ReadRetryRoute(APIRoute):
-    """A route whose reads (GET, HEAD) are run once more after their connection died."""
+    """A route whose reads, and writes under an Idempotency-Key, run once more after their
+    connection died."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
-        if not self.methods or not self.methods <= SAFE_METHODS:
-            return handler
+        reads = self.methods is not None and bool(self.methods) and self.methods <= SAFE_METHODS
 
         async def retried(request: Request) -> Response:
+            if not reads and "idempotency-key" not in request.headers:
+                return await handler(request)
+            await request.body()  # kept on the request: the second attempt reads it again
             try:
                 return await handler(request)
             except Exception as exc:
@@ -67,7 +74,8 @@ class ReadRetryRoute(APIRoute):
                     raise
                 first = str(exc).strip().splitlines()[:1]
                 log.warning(
-                    "a read lost its database connection (%s); trying once more",
+                    "a %s lost its database connection (%s); trying once more",
+                    "read" if reads else "keyed write",
                     first[0] if first else type(exc).__name__,
                 )
             return await handler(request)
