@@ -19,6 +19,9 @@ WINDOW_SECONDS = 3600
 BUCKETS = 12
 # Workers beat every 2 s; one silent for this long has most likely died.
 SILENT_AFTER_SECONDS = 10.0
+# Silent this long, it is gone: its leases went with its connections long ago, and
+# its turns were taken over (a worker that stops cleanly says so: "stopped").
+GONE_AFTER_SECONDS = 60.0
 MAX_WORKERS_SHOWN = 50
 # Bottom to top in each bar: settled outcomes first, the ones to look at on top.
 STACK = ("succeeded", "resolved", "pending", "started", "failed", "abandoned", "unknown")
@@ -99,20 +102,22 @@ def stacked_bars(buckets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def workers(runtime: Runtime) -> dict[str, Any]:
-    """Registered workers, live ones first, each with ``condition``: working, silent or
-    stopped; at most ``MAX_WORKERS_SHOWN`` of them (``hidden`` says how many more)."""
+    """Registered workers, live ones first, each with ``condition``: working, silent, gone
+    or stopped; at most ``MAX_WORKERS_SHOWN`` of them (``hidden`` says how many more)."""
     rows = list_workers(runtime.db, runtime.settings.namespace)
     for row in rows:
         age = row["heartbeat_age_seconds"]
         if row["stopped_at"]:
             row["condition"] = "stopped"
+        elif age > GONE_AFTER_SECONDS:
+            row["condition"] = "gone"
         elif age > SILENT_AFTER_SECONDS:
             row["condition"] = "silent"
         else:
             row["condition"] = "working"
         # The bar fills up as the heartbeat ages, full at the silence threshold.
         row["age_bar"] = round(min(age, SILENT_AFTER_SECONDS) / SILENT_AFTER_SECONDS * 60, 1)
-    order = {"working": 0, "silent": 1, "stopped": 2}
+    order = {"working": 0, "silent": 1, "gone": 2, "stopped": 3}
     rows.sort(key=lambda r: (order[r["condition"]], r["heartbeat_age_seconds"]))
     return {
         "items": rows[:MAX_WORKERS_SHOWN],
