@@ -126,6 +126,7 @@ def module_settings(
         namespace=namespace,
         data_dir=tmp_path_factory.mktemp("browser") / "data",
         snapshot_interval=50,
+        probes=False,  # as the settings fixture: the interrupted turns here are an operator's
     )
     drop_namespace(database, namespace)
 

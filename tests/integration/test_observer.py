@@ -22,6 +22,9 @@ class Recording:
         assert seconds >= 0
         self.calls.append(("model", provider, outcome))
 
+    def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
+        return None  # counted in test_tracing
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         assert seconds >= 0
         self.calls.append(("tool", tool, outcome))
