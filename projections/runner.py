@@ -40,40 +40,37 @@ import contextlib
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from types import TracebackType
 from typing import Any
 
 import psycopg
-from eventsourcing.projection import Projection
 
 from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
-from turnlog.application.store.database import Database, connect, lock_key
+from turnlog.application.store.database import Database, connect
 from turnlog.application.store.follower import LogFollower
 from turnlog.application.store.logorder import LogPage, Place
 from turnlog.projections.catalog import ReadModel, read_models
-from turnlog.projections.log import EventLog, create_tables
-from turnlog.projections.view import (
-    Fold,
-    PostgresReadModelView,
-    ReadModelView,
-    fold_together,
+from turnlog.projections.leadership import (
+    HEALTHY_AFTER,
+    MAX_BACKOFF,
+    MIN_BACKOFF,
+    STANDBY_INTERVAL,
+    RunnerState,
+    _Lead,
+    runner_label,
 )
+from turnlog.projections.log import EventLog, create_tables
+from turnlog.projections.view import Fold, fold_together
 
 log = logging.getLogger("turnlog.projections")
 
-LOCK_NAME = "turnlog:projection"
-STANDBY_INTERVAL = 0.5  # how often a standby tries the lock
 LOCK_CHECK_INTERVAL = 1.0  # during a long catch-up, how often the lock connection is checked
-MIN_BACKOFF = 0.2
-MAX_BACKOFF = 5.0
-HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minimum backoff
 # How long a runner lets the follower's pages gather before folding them: a
 # turn's six commits, a few milliseconds apart, become one or two batches (one
 # transaction each) instead of six. It bounds the read models' added lag.
@@ -92,47 +89,6 @@ def gather_window(first: float, folded_at: float) -> float:
     ``GATHER`` after a pause; ``GATHER_BUSY`` while pages stream in.
     """
     return GATHER_BUSY if first - folded_at < GATHER_BUSY else GATHER
-
-
-def projection_lock_key(namespace: str, name: str) -> int:
-    return lock_key(LOCK_NAME, namespace, name)
-
-
-def runner_label(name: str) -> str:
-    """The lock connection's application_name: what status shows as the holder."""
-    return f"turnlog-projection {name} {socket.gethostname()[:24]}:{os.getpid()}"[:63]
-
-
-@dataclass
-class RunnerState:
-    """What one runner of this process is doing."""
-
-    name: str
-    state: str = "starting"  # standby | active | retrying | stopped
-    position: int = 0  # of the last event processed
-    restarts: int = 0
-    last_error: str = ""
-
-
-class _Lead:
-    """One read model of a runner: its lock connection and, while it leads, its view and place."""
-
-    def __init__(self, model: ReadModel, namespace: str) -> None:
-        self.model = model
-        self.state = RunnerState(model.name)
-        self.key = projection_lock_key(namespace, model.name)
-        self.conn: psycopg.Connection[Any] | None = None
-        self.view: PostgresReadModelView | None = None
-        self.projection: Projection[ReadModelView] | None = None
-        self.place = Place.start()  # the last event folded
-        self.through = Place.start()  # the log is read up to here
-        self.backoff = MIN_BACKOFF
-        self.next_try = 0.0  # when to try the lock again (standing by, or after an error)
-        self.since = 0.0  # when this leadership (or attempt) began
-
-    @property
-    def leading(self) -> bool:
-        return self.view is not None
 
 
 class ReadModelRunner:
