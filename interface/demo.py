@@ -85,7 +85,8 @@ def restart(
     word: Annotated[str, typer.Option(help="The codeword (default: a random word).")] = "",
 ) -> None:
     """Codeword recall across a SIGKILL, then a kill mid-tool-call with probes off and on."""
-    from turnlog.interface.restart_demo import DemoFailed, RestartDemo
+    from turnlog.interface.demo_support import DemoFailed
+    from turnlog.interface.restart_demo import RestartDemo
 
     settings = ctx.find_root().obj.settings()
     demo = RestartDemo(settings, lambda line: out.print(line, markup=False), word)

@@ -17,8 +17,8 @@ from typing import Any
 from turnlog.application.store.database import Database, connect
 from turnlog.application.store.logorder import Place
 from turnlog.projections.catalog import ReadModel
+from turnlog.projections.leadership import projection_lock_key
 from turnlog.projections.log import EventLog
-from turnlog.projections.runner import projection_lock_key
 from turnlog.projections.status import lock_holder
 from turnlog.projections.view import fold_batch
 

@@ -30,9 +30,9 @@ from turnlog.application.errors import ProjectionBusy
 from turnlog.application.store.database import Database, connect
 from turnlog.application.store.logorder import Place, place_of_tracking
 from turnlog.projections.catalog import ReadModel
+from turnlog.projections.leadership import STANDBY_INTERVAL, projection_lock_key
 from turnlog.projections.log import EventLog, create_tables
 from turnlog.projections.rows import Key, Row, Table
-from turnlog.projections.runner import STANDBY_INTERVAL, projection_lock_key
 from turnlog.projections.status import lock_holder
 from turnlog.projections.view import Fold, MemoryView, fold_together
 

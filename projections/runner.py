@@ -40,40 +40,33 @@ import contextlib
 import logging
 import os
 import select
-import socket
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
-from types import TracebackType
 from typing import Any
 
 import psycopg
-from eventsourcing.projection import Projection
 
 from turnlog.application.errors import DatabaseUnavailable
-from turnlog.application.sessions import Sessions
-from turnlog.application.settings import Settings
-from turnlog.application.store.database import Database, connect, lock_key
+from turnlog.application.store.database import Database, connect
 from turnlog.application.store.follower import LogFollower
 from turnlog.application.store.logorder import LogPage, Place
-from turnlog.projections.catalog import ReadModel, read_models
-from turnlog.projections.log import EventLog, create_tables
-from turnlog.projections.view import (
-    Fold,
-    PostgresReadModelView,
-    ReadModelView,
-    fold_together,
+from turnlog.projections.catalog import ReadModel
+from turnlog.projections.leadership import (
+    HEALTHY_AFTER,
+    MAX_BACKOFF,
+    MIN_BACKOFF,
+    STANDBY_INTERVAL,
+    RunnerState,
+    _Lead,
+    runner_label,
 )
+from turnlog.projections.log import EventLog
+from turnlog.projections.view import Fold, fold_together
 
 log = logging.getLogger("turnlog.projections")
 
-LOCK_NAME = "turnlog:projection"
-STANDBY_INTERVAL = 0.5  # how often a standby tries the lock
 LOCK_CHECK_INTERVAL = 1.0  # during a long catch-up, how often the lock connection is checked
-MIN_BACKOFF = 0.2
-MAX_BACKOFF = 5.0
-HEALTHY_AFTER = 10.0  # leadership that lasted this long restarts from the minimum backoff
 # How long a runner lets the follower's pages gather before folding them: a
 # turn's six commits, a few milliseconds apart, become one or two batches (one
 # transaction each) instead of six. It bounds the read models' added lag.
@@ -92,47 +85,6 @@ def gather_window(first: float, folded_at: float) -> float:
     ``GATHER`` after a pause; ``GATHER_BUSY`` while pages stream in.
     """
     return GATHER_BUSY if first - folded_at < GATHER_BUSY else GATHER
-
-
-def projection_lock_key(namespace: str, name: str) -> int:
-    return lock_key(LOCK_NAME, namespace, name)
-
-
-def runner_label(name: str) -> str:
-    """The lock connection's application_name: what status shows as the holder."""
-    return f"turnlog-projection {name} {socket.gethostname()[:24]}:{os.getpid()}"[:63]
-
-
-@dataclass
-class RunnerState:
-    """What one runner of this process is doing."""
-
-    name: str
-    state: str = "starting"  # standby | active | retrying | stopped
-    position: int = 0  # of the last event processed
-    restarts: int = 0
-    last_error: str = ""
-
-
-class _Lead:
-    """One read model of a runner: its lock connection and, while it leads, its view and place."""
-
-    def __init__(self, model: ReadModel, namespace: str) -> None:
-        self.model = model
-        self.state = RunnerState(model.name)
-        self.key = projection_lock_key(namespace, model.name)
-        self.conn: psycopg.Connection[Any] | None = None
-        self.view: PostgresReadModelView | None = None
-        self.projection: Projection[ReadModelView] | None = None
-        self.place = Place.start()  # the last event folded
-        self.through = Place.start()  # the log is read up to here
-        self.backoff = MIN_BACKOFF
-        self.next_try = 0.0  # when to try the lock again (standing by, or after an error)
-        self.since = 0.0  # when this leadership (or attempt) began
-
-    @property
-    def leading(self) -> bool:
-        return self.view is not None
 
 
 class ReadModelRunner:
@@ -463,93 +415,3 @@ class ReadModelRunner:
             except Exception as exc:
                 self._fail(lead, exc)
         self._checked = time.monotonic()
-
-
-class ProjectionSupervisor:
-    """Runs this process's read-model runner (all its read models): ``start()``, then ``stop()``.
-
-    Connections: one pool for reading the log and writing the views (its
-    sizes from ``settings.pool_size`` / ``pool_max_overflow``; shared with
-    the process's ``sessions`` application), plus one dedicated connection per read
-    model for its lock. New events come from the process's ``follower``;
-    without one (or with ``listen=False``) the runner polls the log.
-    """
-
-    def __init__(
-        self,
-        settings: Settings,
-        db: Database,
-        names: str | Iterable[str] | None = None,
-        *,
-        sessions: Sessions,
-        batch_size: int = 500,
-        poll_interval: float = 0.5,
-        listen: bool = True,
-        follower: LogFollower | None = None,
-    ) -> None:
-        self.settings = settings
-        self.db = db
-        self.models = read_models(names)
-        self._sessions = sessions
-        self._batch_size = batch_size
-        self._poll_interval = poll_interval
-        self._follower = follower if listen else None
-        self._stopping = threading.Event()
-        self._runner: ReadModelRunner | None = None
-        self._events: EventLog | None = None
-
-    def start(self) -> None:
-        """Prepare the tables and start the runner thread (one for every read model)."""
-        if self._runner is not None:
-            raise RuntimeError("the projection supervisor is already running")
-        self._events = EventLog(self._sessions)
-        try:
-            create_tables(self.db, self._events, self.models)
-        except BaseException:
-            self.stop()
-            raise
-        self._stopping.clear()
-        self._runner = ReadModelRunner(
-            self.models,
-            self._events,
-            self.db,
-            self.settings.namespace,
-            self._stopping,
-            batch_size=self._batch_size,
-            poll_interval=self._poll_interval,
-            follower=self._follower,
-        )
-        self._runner.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the runner (each read model's lock goes with its connection)."""
-        self._stopping.set()
-        if self._runner is not None:
-            self._runner.join(timeout)
-            self._runner.close()
-        self._runner = None
-        self._events = None
-
-    def own_reads(self) -> int:
-        """How often this process's runner read the log itself (not the follower's pages)."""
-        return self._runner.own_reads if self._runner is not None else 0
-
-    def commits(self) -> int:
-        """The transactions this process's runner committed to fold events."""
-        return self._runner.commits if self._runner is not None else 0
-
-    def runners(self) -> list[dict[str, Any]]:
-        """This process's read models: name, state, position, restarts, last error."""
-        return [asdict(state) for state in self._runner.states] if self._runner else []
-
-    def __enter__(self) -> ProjectionSupervisor:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

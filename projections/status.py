@@ -13,8 +13,8 @@ from turnlog.application.store import logorder
 from turnlog.application.store.database import advisory_lock_holder
 from turnlog.application.store.logorder import Place
 from turnlog.projections.catalog import ReadModel, read_models
+from turnlog.projections.leadership import projection_lock_key
 from turnlog.projections.log import EventLog
-from turnlog.projections.runner import projection_lock_key
 
 
 def lock_holder(conn: Connection[Any], namespace: str, name: str) -> str | None:

@@ -166,7 +166,7 @@ def test_while_the_database_is_unreachable_the_api_answers_503_at_once_and_recov
             )
             assert done.status_code == 200 and done.json()["state"] == "completed", done.text
             # The read models follow by themselves; their runners restart after a
-            # backoff of at most 5 s (projections.runner.MAX_BACKOFF) once it is back.
+            # backoff of at most 5 s (projections.leadership.MAX_BACKOFF) once it is back.
             position = {"min_position": done.json()["position"]}
             poll(
                 lambda: httpx.get(f"{url}/v1/sessions", params=position).status_code == 200,

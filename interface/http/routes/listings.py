@@ -10,8 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.store.workers_registry import list_workers
 from turnlog.interface.http.deps import MinPosition, ReadModelsDep, RuntimeDep, StateDep, caught_up
-from turnlog.interface.http.reads import ReadRetryRoute
-from turnlog.interface.http.schemas import (
+from turnlog.interface.http.listing_schemas import (
     OpenTurnRow,
     OpenTurnsSummaryOut,
     Page,
@@ -21,8 +20,9 @@ from turnlog.interface.http.schemas import (
     ToolCallRow,
     WorkerOut,
     WorkersOut,
-    problems,
 )
+from turnlog.interface.http.reads import ReadRetryRoute
+from turnlog.interface.http.schemas import problems
 from turnlog.projections.activity import (
     MAX_BUCKETS,
     MAX_WINDOW_SECONDS,

@@ -22,14 +22,13 @@ from turnlog.interface.http.deps import (
     StateDep,
     caught_up,
 )
+from turnlog.interface.http.listing_schemas import Page, SessionRow
 from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
     ModelRequestOut,
-    Page,
     SessionOut,
-    SessionRow,
     SessionWritten,
     TurnOut,
     problems,
