@@ -59,6 +59,20 @@ def sessions_new(
             " 1000).",
         ),
     ] = None,
+    approval_policy: Annotated[
+        str | None,
+        typer.Option(
+            help="Which tool calls wait for an operator's approval: none, side_effecting or"
+            " all (default: TURNLOG_APPROVAL_POLICY).",
+        ),
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            help="Default deadline of the session's turns, in seconds (default:"
+            " TURNLOG_TURN_DEADLINE_SECONDS, or none).",
+        ),
+    ] = None,
 ) -> None:
     """Create a session and print its id."""
 
@@ -82,6 +96,8 @@ def sessions_new(
             created_by=default_actor(),
             context_max_turns=rt.settings.context_max_turns if max_turns is None else max_turns,
             context_max_chars=rt.settings.context_max_chars if max_chars is None else max_chars,
+            approval_policy=approval_policy or rt.settings.approval_policy,
+            deadline_seconds=deadline,
         )
         out.print(str(written.session_id))
 
@@ -94,12 +110,20 @@ def sessions_send(
     session_id: Annotated[str, typer.Argument(help="Session id.")],
     message: Annotated[str, typer.Argument(help="The user message.")],
     idempotency_key: Annotated[str, typer.Option(help="Repeat-safe key for this message.")] = "",
+    deadline: Annotated[
+        float | None,
+        typer.Option(help="Cancel the turn after this many seconds (default: the session's)."),
+    ] = None,
+    enqueue: Annotated[
+        bool,
+        typer.Option("--enqueue", help="Queue behind a queued or running turn, not refuse."),
+    ] = False,
 ) -> None:
     """Submit a message and run its turn in this process; print the reply."""
     sid = parse_uuid(session_id)
 
     def send(rt: Runtime) -> int:
-        sent = rt.send(sid, message, idempotency_key)
+        sent = rt.send(sid, message, idempotency_key, enqueue=enqueue, deadline_seconds=deadline)
         if sent.recovered is not None:
             v = sent.recovered
             err.print(escape(f"recovered turn {v.turn_id} first: {v.decision} {v.detail}".rstrip()))
@@ -117,6 +141,9 @@ def sessions_send(
                 f"[bold red]turn {turn.turn_id} interrupted;[/] unknown calls: {escape(calls)}"
             )
             return 3
+        if turn.state == "queued":
+            err.print(f"turn {turn.turn_id} queued behind the session's open turn")
+            return 0
         err.print(f"turn {turn.turn_id} is {turn.state} (another process owns the session)")
         return 0
 
