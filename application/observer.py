@@ -29,6 +29,9 @@ class Observer(Protocol):
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
         """A model call ended: ``outcome`` is ``replied`` or ``error``."""
 
+    def tool_started(self, tool: str) -> None:
+        """A tool call is about to run (its start is recorded)."""
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         """A tool call ended: ``succeeded``, ``failed`` or ``lost`` (ownership lost meanwhile)."""
 
@@ -50,6 +53,9 @@ class Unobserved:
         return None
 
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def tool_started(self, tool: str) -> None:
         return None
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:

@@ -13,6 +13,7 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import split_names
 from turnlog.application.tools.port import default_tools
 from turnlog.application.views import describe_request, describe_session_summary, describe_turn
+from turnlog.interface.cli_progress import StepPrinter
 from turnlog.interface.terminal import (
     default_actor,
     err,
@@ -118,11 +119,17 @@ def sessions_send(
         bool,
         typer.Option("--enqueue", help="Queue behind a queued or running turn, not refuse."),
     ] = False,
+    progress: Annotated[
+        bool | None,
+        typer.Option("--progress/--no-progress", hidden=True, help="Default: stderr is a TTY."),
+    ] = None,
 ) -> None:
     """Submit a message and run its turn in this process; print the reply."""
     sid = parse_uuid(session_id)
 
     def send(rt: Runtime) -> int:
+        if err.is_terminal if progress is None else progress:
+            rt.executor.observer = StepPrinter(err)
         sent = rt.send(sid, message, idempotency_key, enqueue=enqueue, deadline_seconds=deadline)
         if sent.recovered is not None:
             v = sent.recovered

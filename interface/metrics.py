@@ -131,6 +131,9 @@ class ExecutionMetrics:
     def model_called(self, provider: str, outcome: str, seconds: float) -> None:
         self.model_seconds.labels(provider, outcome).observe(seconds)
 
+    def tool_started(self, tool: str) -> None:
+        return None  # counted when it ends
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()
         self.tool_seconds.labels(tool, outcome).observe(seconds)

@@ -74,3 +74,19 @@ def test_sessions_send_enqueue_queues_behind_a_turn_another_process_runs(
             ("first", "queued"),
             ("second", "queued"),
         ]
+
+
+def test_sessions_send_shows_the_steps_on_a_terminal_and_nothing_when_piped(
+    settings: Settings, runtime: Runtime
+) -> None:
+    sid = runtime.sessions.create_session(title="t", provider="fixture", model="m").session_id
+    echo = '/tool echo {"text": "hi"}'
+    shown = turnlog(settings, "sessions", "send", str(sid), echo, "--progress")
+    assert shown.returncode == 0, shown.stderr
+    steps = [line for line in shown.stderr.splitlines() if line]
+    assert steps[0].startswith("model call replied in "), shown.stderr
+    assert "tool echo started" in steps and any(
+        s.startswith("tool echo succeeded in ") for s in steps
+    ), shown.stderr
+    piped = turnlog(settings, "sessions", "send", str(sid), echo)
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr

@@ -22,6 +22,9 @@ class Recording:
         assert seconds >= 0
         self.calls.append(("model", provider, outcome))
 
+    def tool_started(self, tool: str) -> None:
+        return None  # the calls below are those that ended
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         assert seconds >= 0
         self.calls.append(("tool", tool, outcome))
