@@ -32,6 +32,9 @@ class Observer(Protocol):
     def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
         """A model reply's token usage, as its provider reported it."""
 
+    def tool_started(self, tool: str) -> None:
+        """A tool call is about to run (its start is recorded)."""
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         """A tool call ended: ``succeeded``, ``failed`` or ``lost`` (ownership lost meanwhile)."""
 
@@ -56,6 +59,9 @@ class Unobserved:
         return None
 
     def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
+        return None
+
+    def tool_started(self, tool: str) -> None:
         return None
 
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:

@@ -57,8 +57,18 @@ class Runtime:
     def __post_init__(self) -> None:
         self.leases = Leases(self.db, self.settings.namespace, keep=self.leases_kept)
 
-    def send(self, session_id: UUID, message: str, idempotency_key: str = "") -> Sent:
+    def send(
+        self,
+        session_id: UUID,
+        message: str,
+        idempotency_key: str = "",
+        *,
+        enqueue: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> Sent:
         """Submit a message and run its turn here, after recovering an orphaned turn.
+
+        ``enqueue`` and ``deadline_seconds`` are those of ``Sessions.submit_turn``.
 
         Holding the session's lease first means: if another live process owns
         the session, the submission is refused as a turn in progress; if the
@@ -67,13 +77,25 @@ class Runtime:
         self.sessions.get_session(session_id)  # not found → refused before any lock
         lease = self.leases.try_acquire(session_id)
         if lease is None:
-            submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
+            submitted = self.sessions.submit_turn(
+                session_id,
+                message,
+                idempotency_key,
+                enqueue=enqueue,
+                deadline_seconds=deadline_seconds,
+            )
             return Sent(
                 submitted, self.sessions.turn_record(session_id, submitted.turn_id)[1], None
             )
         with lease:
             recovered = self.drive(session_id, lease)
-            submitted = self.sessions.submit_turn(session_id, message, idempotency_key)
+            submitted = self.sessions.submit_turn(
+                session_id,
+                message,
+                idempotency_key,
+                enqueue=enqueue,
+                deadline_seconds=deadline_seconds,
+            )
             self.drive(session_id, lease)
             turn = self.sessions.turn_record(session_id, submitted.turn_id)[1]
             return Sent(submitted, turn, recovered[0] if recovered else None)

@@ -144,6 +144,9 @@ class ExecutionMetrics:
         for key, count in usage_attributes(usage).items():
             self.tokens.labels(provider, key.rsplit(".", 1)[-1].removesuffix("_tokens")).inc(count)
 
+    def tool_started(self, tool: str) -> None:
+        return None  # counted when it ends
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         self.tool_calls.labels(tool, outcome).inc()
         self.tool_seconds.labels(tool, outcome).observe(seconds)

@@ -3,12 +3,14 @@ for a stop signal."""
 
 from __future__ import annotations
 
+import getpass
 import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar
+from uuid import UUID
 
 import typer
 from rich.console import Console
@@ -20,6 +22,7 @@ from turnlog.interface.problems import exit_code_for, problem_for
 
 if TYPE_CHECKING:
     from turnlog.application.runtime import Runtime
+    from turnlog.application.settings import Settings
 
 T = TypeVar("T")
 
@@ -75,7 +78,30 @@ def refusals() -> Iterator[None]:
 class _Root(Protocol):
     """What the root command's object (``interface.cli.Context``) offers every command."""
 
+    owns_schema: bool
+
+    def settings(self) -> Settings: ...
+
     def runtime(self) -> Runtime: ...
+
+
+def ctx_of(ctx: typer.Context) -> _Root:
+    obj: _Root = ctx.find_root().obj
+    return obj
+
+
+def parse_uuid(value: str, what: str = "session id") -> UUID:
+    try:
+        return UUID(value)
+    except ValueError:
+        fail(4, f"{what} {value!r} is not a valid id; no such session")
+
+
+def default_actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli"
 
 
 def run(ctx: typer.Context, action: Callable[[Runtime], T]) -> T:

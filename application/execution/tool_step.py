@@ -227,6 +227,7 @@ class ToolStep(Fenced):
     def _timed_invoke(
         self, tool: Any, name: str, arguments: dict[str, Any], context: ToolContext
     ) -> tuple[str, Any]:
+        self.observer.tool_started(name)
         started = time.monotonic()
         outcome = "lost"  # unless the tool returns: ownership was lost while it ran
         try:

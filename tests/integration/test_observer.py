@@ -25,6 +25,9 @@ class Recording:
     def tokens_used(self, provider: str, usage: dict[str, Any]) -> None:
         return None  # counted in test_tracing
 
+    def tool_started(self, tool: str) -> None:
+        return None  # the calls below are those that ended
+
     def tool_called(self, tool: str, outcome: str, seconds: float) -> None:
         assert seconds >= 0
         self.calls.append(("tool", tool, outcome))
