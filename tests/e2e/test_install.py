@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import venv
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,3 +120,68 @@ def test_importing_turnlog_is_cheap_and_its_public_names_resolve() -> None:
     heavy, missing = done.stdout.split()
     assert heavy == "-", f"import turnlog loads {heavy}"
     assert missing == "-", f"turnlog.__all__ names what it lacks: {missing}"
+
+
+def test_the_readme_quickstart_script_runs_from_the_installed_wheel(
+    tmp_path: Path, settings: Any
+) -> None:
+    """The wheel in a fresh environment: its ``turnlog serve``, killed and restarted, and the
+    README's client script run with that environment's Python, not this checkout's."""
+    from tests.conftest import turnlog_env
+    from tests.deadlines import poll, scaled
+    from tests.e2e.test_readme_quickstart import README_URL, Output, expected_prints, quickstart
+    from tests.e2e.test_serve import wait_ready
+    from tests.fault.cluster import free_port
+
+    wheel = _build_wheel(tmp_path)
+    python, _ = _fresh_venv(tmp_path / "venv")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         "--no-index", str(wheel)],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    _, script, _ = quickstart()
+    port, log = free_port(), tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "quickstart.py").write_text(script.replace(README_URL, url))
+    env = turnlog_env(settings)
+    env.pop("PYTHONPATH", None)  # nothing of this checkout: the installed wheel alone
+
+    def serve() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [str(python.parent / "turnlog"), "serve", "--port", str(port)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+            )  # fmt: skip
+        wait_ready(proc, url, log)
+        return proc
+
+    server = serve()
+    client = subprocess.Popen(
+        [str(python), "-u", "quickstart.py"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert client.stdout is not None and client.stdin is not None and client.stderr is not None
+    out = Output(client.stdout)
+    again = None
+    try:
+        poll(lambda: "press Enter" in out.text or client.poll() is not None, 60, "the prompt")
+        assert client.poll() is None, client.stderr.read()
+        server.kill()
+        server.wait(timeout=scaled(30))
+        again = serve()
+        client.stdin.write("\n")
+        client.stdin.flush()
+        assert client.wait(timeout=scaled(60)) == 0, client.stderr.read()
+    finally:
+        for proc in (client, server, again):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    said = poll(lambda: "TurnCompleted" in out.text and out.text, 10)
+    assert said.splitlines()[0] == expected_prints(script)[0], said
+    assert "site-packages" in subprocess.run(
+        [str(python), "-c", "import turnlog; print(turnlog.__file__)"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
+    ).stdout  # fmt: skip
