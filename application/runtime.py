@@ -75,27 +75,25 @@ class Runtime:
         previous owner died, its turn is recovered before anything new starts.
         """
         self.sessions.get_session(session_id)  # not found → refused before any lock
-        lease = self.leases.try_acquire(session_id)
-        if lease is None:
-            submitted = self.sessions.submit_turn(
+
+        def submit() -> Submitted:
+            return self.sessions.submit_turn(
                 session_id,
                 message,
                 idempotency_key,
                 enqueue=enqueue,
                 deadline_seconds=deadline_seconds,
             )
+
+        lease = self.leases.try_acquire(session_id)
+        if lease is None:
+            submitted = submit()
             return Sent(
                 submitted, self.sessions.turn_record(session_id, submitted.turn_id)[1], None
             )
         with lease:
             recovered = self.drive(session_id, lease)
-            submitted = self.sessions.submit_turn(
-                session_id,
-                message,
-                idempotency_key,
-                enqueue=enqueue,
-                deadline_seconds=deadline_seconds,
-            )
+            submitted = submit()
             self.drive(session_id, lease)
             turn = self.sessions.turn_record(session_id, submitted.turn_id)[1]
             return Sent(submitted, turn, recovered[0] if recovered else None)

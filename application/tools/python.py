@@ -220,18 +220,11 @@ class PythonTool:
             "TURNLOG_ATTEMPT": str(context.attempt),
             ARGUMENTS_ENV: json.dumps(arguments),
         }
-        argv = [sys.executable, "-m", "turnlog.application.tools.python_runner"]
-        spawn = self.containment.wrap(
-            [*argv, declared.module, declared.function],
-            sandbox=context.sandbox,
-            env=env,
-            grant=self.grant,
-            read_only=interpreter_paths(self.python_path),
-        )
-        result = run_command(
-            spawn.argv,
-            cwd=context.sandbox,
-            env=spawn.env,
+        result = run_python(
+            self,
+            [declared.module, declared.function],
+            context,
+            env,
             timeout=declared.timeout,
             output_limit=max(self.output_limit, 64 * 1024),
             report=context.report_process,
@@ -277,18 +270,11 @@ class PythonProber:
             ARGUMENTS_ENV: json.dumps(arguments),
             PRE_STATE_ENV: json.dumps(pre_state),
         }
-        argv = [sys.executable, "-m", "turnlog.application.tools.python_runner", "--probe"]
-        spawn = self.containment.wrap(
-            [*argv, declared.module, declared.probe],
-            sandbox=context.sandbox,
-            env=env,
-            grant=self.grant,
-            read_only=interpreter_paths(self.python_path),
-        )
-        result = run_command(
-            spawn.argv,
-            cwd=context.sandbox,
-            env=spawn.env,
+        result = run_python(
+            self,
+            ["--probe", declared.module, declared.probe],
+            context,
+            env,
             timeout=declared.probe_timeout,
             output_limit=64 * 1024,
             report=lambda process: None,  # a probe changes nothing: not recorded
@@ -317,6 +303,36 @@ def _find(name: str, search: Sequence[Path]) -> None:
             sys.path.insert(0, str(folder.resolve()))
             importlib.invalidate_caches()
             return
+
+
+def run_python(
+    where: Any,
+    args: list[str],
+    context: ToolContext,
+    env: dict[str, str],
+    *,
+    timeout: float,
+    output_limit: int,
+    report: Any,
+) -> Any:
+    """Run ``python_runner ARGS`` in the session's sandbox, as ``where`` (a tool or its
+    prober: its containment, grant and import path) says."""
+    argv = [sys.executable, "-m", "turnlog.application.tools.python_runner", *args]
+    spawn = where.containment.wrap(
+        argv,
+        sandbox=context.sandbox,
+        env=env,
+        grant=where.grant,
+        read_only=interpreter_paths(where.python_path),
+    )
+    return run_command(
+        spawn.argv,
+        cwd=context.sandbox,
+        env=spawn.env,
+        timeout=timeout,
+        output_limit=output_limit,
+        report=report,
+    )
 
 
 def interpreter_paths(python_path: tuple[str, ...]) -> list[Path]:

@@ -65,15 +65,19 @@ def _fresh_venv(path: Path) -> tuple[Path, Path]:
     return python, site_packages
 
 
-def test_the_wheel_installs_beside_a_users_own_domain_package(tmp_path: Path) -> None:
-    wheel = _build_wheel(tmp_path)
-    python, site_packages = _fresh_venv(tmp_path / "venv")
+def _install(wheel: Path, python: Path) -> None:
     installed = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
          "--no-index", str(wheel)],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
+
+
+def test_the_wheel_installs_beside_a_users_own_domain_package(tmp_path: Path) -> None:
+    wheel = _build_wheel(tmp_path)
+    python, site_packages = _fresh_venv(tmp_path / "venv")
+    _install(wheel, python)
     assert not [p for p in LAYERS if (site_packages / p).exists()], "a bare layer was installed"
 
     # The user's own package named like one of turnlog's layers.
@@ -135,12 +139,7 @@ def test_the_readme_quickstart_script_runs_from_the_installed_wheel(
 
     wheel = _build_wheel(tmp_path)
     python, _ = _fresh_venv(tmp_path / "venv")
-    installed = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-         "--no-index", str(wheel)],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert installed.returncode == 0, installed.stderr
+    _install(wheel, python)
     _, script, _ = quickstart()
     port, log = free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}"
