@@ -301,10 +301,17 @@ def namespace(database: Database) -> Iterator[str]:
 
 
 def drop_namespace(database: Database, name: str) -> None:
-    with psycopg.connect(database.conninfo, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name(name)))
-        )
+    """Drop a test's schema. The backend of a process the test SIGKILLed may still be finishing
+    its statement, and a drop that deadlocks with it is tried again once it has ended."""
+    drop = sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema_name(name)))
+    for attempt in range(5):
+        try:
+            with psycopg.connect(database.conninfo, autocommit=True) as conn:
+                conn.execute(drop)
+            return
+        except psycopg.errors.DeadlockDetected:
+            if attempt == 4:
+                raise
 
 
 @pytest.fixture

@@ -135,6 +135,7 @@ class CommandTool:
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=context.report_process,
+                    die_with_parent=self.containment.enabled,
                 )
         except SandboxPathError as exc:
             raise ToolError(f"{self.spec.name}: the sandbox cannot be entered: {exc}") from None
@@ -189,6 +190,7 @@ class CommandProber:
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=_unrecorded,  # a probe changes nothing: its process is not recorded
+                    die_with_parent=self.containment.enabled,
                 )
         except SandboxPathError as exc:
             return unknown(f"the sandbox cannot be entered: {exc}")

@@ -16,6 +16,7 @@ A pid alone is not an identity, since pids are reused. A recorded process is
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import select
 import signal
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from turnlog.domain.turns import ToolProcess
 
@@ -143,8 +144,13 @@ def run_command(
     timeout: float,
     output_limit: int,
     report: Callable[[ToolProcess], None],
+    die_with_parent: bool = False,
 ) -> CommandResult:
     """Run ``argv`` (no shell involved) in its own process group, reporting it before it runs.
+
+    ``die_with_parent``: SIGKILL the process when this process's spawning thread
+    ends, set before the gate opens (the sandbox's own ``--die-with-parent``
+    is set only once bwrap runs: a worker killed in between left it living).
 
     If ``report`` raises, the command never runs and the exception propagates.
     Whatever the command leaves behind in its process group is killed when it
@@ -163,6 +169,7 @@ def run_command(
                 cwd=cwd,
                 env=dict(env),
                 start_new_session=True,
+                preexec_fn=die_with(os.getpid()) if die_with_parent else None,
             )
         except BaseException:
             os.close(gate_write)
@@ -177,6 +184,31 @@ def run_command(
             truncated=_size(out) > output_limit or _size(err) > output_limit,
             timed_out=timed_out,
         )
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        return cast(Callable[..., int], ctypes.CDLL(None, use_errno=True).prctl)
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _libc_prctl()  # resolved here: the child after fork must not load libraries
+
+
+def die_with(parent: int) -> Callable[[], None]:
+    """A preexec function: SIGKILL this child when the thread that spawned it ends."""
+
+    def preexec() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the line above
+            os._exit(125)
+
+    return preexec
 
 
 def _open_gate_and_wait(

@@ -332,6 +332,7 @@ def run_python(
         timeout=timeout,
         output_limit=output_limit,
         report=report,
+        die_with_parent=where.containment.enabled,
     )
 
 
