@@ -37,7 +37,7 @@ from uuid import UUID
 
 import psycopg
 
-from turnlog.application.errors import PurgeRefused, SessionNotFound
+from turnlog.application.errors import PurgeRefused, SessionNotFound, SessionPurged
 from turnlog.application.sessions import Sessions
 from turnlog.application.store import logorder, purges
 from turnlog.application.store.database import Database, connect
@@ -126,11 +126,11 @@ class Purger:
                     ", ".join(f"{n} {t} rows" for t, n in dropped.rows.items()) or "no rows",
                 )
                 self.pause("dropped")
-            else:
-                # Killed after the drop: what a late writer may have added goes too.
-                purges.drop_rows(
-                    conn, self.schema, self._events_table, self._snapshots_table, session_id
-                )
+            # What a late writer added since (a save that read the session before its
+            # close and stored after the drop) goes too; the record keeps what it noted.
+            purges.drop_rows(
+                conn, self.schema, self._events_table, self._snapshots_table, session_id
+            )
             self._remove_sandbox(session_id)
             record = purges.finish(conn, self.schema, session_id)
             self._tell_others(conn, record)
@@ -176,7 +176,7 @@ class Purger:
         """Close the session if it is open: every later command on it is refused."""
         try:
             session = self.sessions.get_session(session_id)
-        except SessionNotFound:
+        except (SessionNotFound, SessionPurged):
             return  # its events are gone already (a late repeat)
         if session.closed:
             return
@@ -208,7 +208,7 @@ class Purger:
         """Kill the session's recorded processes still alive here, then remove its sandbox."""
         try:
             record = self.sessions.get_record(session_id)
-        except SessionNotFound:
+        except (SessionNotFound, SessionPurged):
             record = None
         if record is not None:
             for live in live_processes(record):
