@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         default=None,
         ge=1,
         le=36500,
-        description="Purge sessions closed over this many days ago (docs/purge.md).",
+        description="Purge sessions closed over N days ago (docs/purge.md).",
     )
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log lines: `text`, or `json` (one object per line)."

@@ -230,12 +230,14 @@ def test_the_read_models_go_on_folding_after_a_purge_leaves_a_gap_in_the_log(
     assert all(p["position"] > p["head"] for p in status.values()), status
 
     after = kept.post("/v1/sessions", json={"title": "after"}).json()
-    done = _tool_turn(kept, after["session_id"], "after the gap")
+    _tool_turn(kept, after["session_id"], "after the gap")
+    # A write after the turn's end: its position covers every event of the turn.
+    done = kept.post(f"/v1/sessions/{after['session_id']}/close", json={"actor": "ops"}).json()
 
     listed = caught_up(lambda: kept.get("/v1/sessions", params={"min_position": done["position"]}))
     assert listed.status_code == 200, listed.text
     titles = [row["title"] for row in listed.json()["items"]]
-    assert titles[0] == "after" and "before" in titles and TITLE not in titles
+    assert titles[0] == "after" and "before" in titles and TITLE not in titles, titles
     query = {"session_id": after["session_id"], "min_position": done["position"]}
     calls = caught_up(lambda: kept.get("/v1/tool-calls", params=query)).json()
     assert [c["state"] for c in calls["items"]] == ["succeeded"]
@@ -301,3 +303,36 @@ def test_both_clients_purge_and_then_see_the_session_gone(settings: Settings) ->
                 assert again.value.code == "session_purged"
 
         asyncio.run(purge_async())
+
+
+def test_a_server_with_a_retention_period_runs_the_job_and_shows_its_metrics(
+    settings: Settings,
+) -> None:
+    timed = settings.model_copy(update={"retention_days": 30})
+    first = create_app(timed, role="all", options=CATCHING_UP)
+    second = create_app(timed, role="api", options=CATCHING_UP)
+    with (
+        TestClient(first, raise_server_exceptions=False) as one,
+        TestClient(second, raise_server_exceptions=False) as two,
+    ):
+
+        def leaders() -> list[str] | None:
+            found = [
+                line
+                for client in (one, two)
+                for line in client.get("/metrics").text.splitlines()
+                if line.startswith("turnlog_retention_leading ")
+            ]
+            return found if sorted(found)[-1].endswith(" 1.0") else None
+
+        # Exactly one of the two processes holds the retention lock.
+        assert sorted(eventually(leaders)) == [
+            "turnlog_retention_leading 0.0",
+            "turnlog_retention_leading 1.0",
+        ]
+        text = one.get("/metrics").text + two.get("/metrics").text
+        runs = [line for line in text.splitlines() if line.startswith("turnlog_retention_runs")]
+        assert len(runs) == 2, runs
+    plain = create_app(settings, role="api", options=CATCHING_UP)
+    with TestClient(plain, raise_server_exceptions=False) as three:
+        assert "turnlog_retention" not in three.get("/metrics").text
