@@ -15,8 +15,9 @@ so that a purge killed anywhere finishes on the next try:
 4. **sandbox**: the session's recorded tool processes still alive here are
    killed, and its sandbox directory removed;
 5. **drop**: in one transaction, the record notes what existed (the number of
-   events, the last version and its chained hash, the last place in the
-   log), and the events, the snapshots and every session-keyed row go;
+   events, the last position), and the events, the snapshots and every
+   session-keyed row go (the head, the last version and its chained hash,
+   was noted before the close of step 2, so it is the one anyone kept);
 6. **done**: the record's state becomes ``done``.
 
 Refused while a turn is open (409), for an unknown session (404), and for a
@@ -109,7 +110,7 @@ class Purger:
                 log.info("purge of session %s begun by %s", session_id, actor)
                 self.pause("intent")
             if not found.dropped:
-                self._close(session_id, actor)
+                self._close(conn, session_id, actor)
                 self.pause("closed")
                 self._settle(session_id)
                 self.pause("read_models")
@@ -172,12 +173,15 @@ class Purger:
         with bootstrap_lock(self.db) as conn:
             conn.execute(purges.create_statement(self.schema))
 
-    def _close(self, session_id: UUID, actor: str) -> None:
-        """Close the session if it is open: every later command on it is refused."""
+    def _close(self, conn: psycopg.Connection[Any], session_id: UUID, actor: str) -> None:
+        """Note the head, then close the session if it is open: every later command is refused."""
         try:
             session = self.sessions.get_session(session_id)
         except (SessionNotFound, SessionPurged):
             return  # its events are gone already (a late repeat)
+        purges.note_head(
+            conn, self.schema, self._events_table, session_id, again=not session.closed
+        )
         if session.closed:
             return
         _refuse_open_turn(session)

@@ -189,6 +189,32 @@ def begin(
     return found
 
 
+def note_head(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    events_table: str,
+    session_id: UUID,
+    *,
+    again: bool,
+) -> None:
+    """Note the stream's last version and hash: the head as it was when the purge was asked.
+
+    Noted before the purge closes the session, so that it is the head anyone
+    outside could have kept (``turnlog audit --head``), not the purge's own
+    close. ``again``: note it even if noted already (the session is still open,
+    so its last event is not the purge's).
+    """
+    conn.execute(
+        sql.SQL(
+            "UPDATE {p} SET head_version = h.v, head_hash = h.hash FROM (SELECT"
+            " originator_version AS v, hash FROM {e} WHERE originator_id = %s"
+            " ORDER BY originator_version DESC LIMIT 1) AS h"
+            " WHERE {p}.session_id = %s AND {p}.events IS NULL AND ({p}.head_version IS NULL OR %s)"
+        ).format(p=table(schema), e=logorder.table(schema, events_table)),
+        (session_id, session_id, again),
+    )
+
+
 def session_tables(conn: psycopg.Connection[Any], schema: str) -> list[str]:
     """The namespace's tables with a ``session_id`` column (read models, and any later one)."""
     rows = conn.execute(
@@ -220,8 +246,9 @@ def drop_rows(
 ) -> Dropped:
     """In one transaction: note what existed in the record, then delete the session's rows.
 
-    The record gets the number of events, the last version and its hash, and
-    the highest place of the session's events in the log's order; then the
+    The record gets the number of events (the purge's own close included) and
+    the highest position and transaction id of the session's events (and the
+    head, unless ``note_head`` noted it before the close); then the
     events, the snapshots and every session-keyed row go. A record whose rows
     were dropped already keeps what it noted then (a repeat deletes what a
     late writer may have added, and notes nothing new).
@@ -230,8 +257,9 @@ def drop_rows(
     with conn.transaction():
         conn.execute(
             sql.SQL(
-                "UPDATE {p} SET events = s.n, head_version = s.v, head_hash = s.h,"
-                " last_position = s.pos, last_xact = s.x"
+                "UPDATE {p} SET events = s.n, last_position = s.pos, last_xact = s.x,"
+                " head_hash = CASE WHEN {p}.head_version IS NULL THEN s.h ELSE {p}.head_hash END,"
+                " head_version = coalesce({p}.head_version, s.v)"
                 " FROM (SELECT count(*) AS n, max(originator_version) AS v,"
                 "  (SELECT hash FROM {e} WHERE originator_id = %s"
                 "    ORDER BY originator_version DESC LIMIT 1) AS h,"

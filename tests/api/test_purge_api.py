@@ -19,6 +19,7 @@ from tests.api.conftest import (
     new_session,
     problem,
 )
+from tests.conftest import turnlog
 from tests.purge_support import needles_of, purge_record, traces
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings, schema_name
@@ -83,6 +84,10 @@ def test_a_purge_leaves_no_trace_of_the_session_in_any_table_and_keeps_its_recor
             (sid,),
         ).fetchone()
     assert events is not None
+    # The head an operator keeps outside the database, to verify the stream later.
+    kept_head = turnlog(settings, "audit", sid, "--head")
+    assert kept_head.returncode == 0, kept_head.stderr
+    head_hash, _, _, head_version = kept_head.stdout.split()
 
     response = kept.post(f"/v1/sessions/{sid}/purge", json=PURGE)
 
@@ -91,7 +96,9 @@ def test_a_purge_leaves_no_trace_of_the_session_in_any_table_and_keeps_its_recor
     assert body["session_id"] == sid and body["state"] == "done"
     assert (body["reason"], body["actor"]) == (PURGE["reason"], PURGE["actor"])
     assert body["events"] == events[0] + 1  # and the close the purge recorded first
-    assert body["head_version"] == body["events"] and len(body["head_hash"]) == 64
+    # The record's head is the one kept before: the stream deleted is the one known.
+    assert (body["head_hash"], body["head_version"]) == (head_hash, int(head_version))
+    assert body["head_version"] == events[0]
     assert traces(database, namespace, needles, skip=["purges"]) == {}
     assert not (settings.sandbox_root / sid).exists()
     stored = purge_record(database, namespace, sid)

@@ -109,7 +109,7 @@ def test_a_purge_killed_after_each_step_finishes_when_asked_again(
     assert f"purged session {sid}" in again.stdout
     done = purge_record(database, namespace, str(sid))
     assert done is not None and done["state"] == "done" and done["completed_at"]
-    assert done["events"] == before + 1
+    assert done["events"] == before + 1 and done["head_version"] == before
     assert traces(database, namespace, needles_of(sid, TITLE, SECRET), skip=["purges"]) == {}
     assert not sandbox.exists()
     gone = turnlog(settings, "sessions", "show", str(sid))
