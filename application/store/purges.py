@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -156,21 +156,24 @@ def find(conn: psycopg.Connection[Any], schema: str, session_id: UUID) -> PurgeR
     return None if row is None else _record(row)
 
 
-def listed(
-    conn: psycopg.Connection[Any], schema: str, limit: int = 100, since: datetime | None = None
-) -> list[PurgeRecord]:
-    """Purge records, latest request first (``since``: requested at or after it)."""
+def finished_since(
+    conn: psycopg.Connection[Any], schema: str, since: datetime | None
+) -> tuple[list[UUID], datetime]:
+    """Sessions whose purge finished after ``since`` (None: in the last minute), and the
+    time to ask from next (the database's clock)."""
     statement = sql.SQL(
-        "SELECT {} FROM {} WHERE requested_at >= %s ORDER BY requested_at DESC LIMIT %s"
-    ).format(sql.SQL(_COLUMNS), table(schema))
+        "SELECT session_id, completed_at FROM {} WHERE completed_at > %s ORDER BY completed_at"
+    ).format(table(schema))
+    now = conn.execute("SELECT now()").fetchone()
+    assert now is not None
+    start = since or now[0] - timedelta(minutes=1)
     try:
-        with conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
-            rows = cur.execute(statement, (since or datetime.min, limit)).fetchall()
+        rows = conn.execute(statement, (start,)).fetchall()
     except psycopg.errors.UndefinedTable:
         if not conn.autocommit:
             conn.rollback()
-        return []
-    return [_record(r) for r in rows]
+        return [], start
+    return [UUID(str(r[0])) for r in rows], (rows[-1][1] if rows else start)
 
 
 def begin(

@@ -28,6 +28,7 @@ from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.purge import forget_purged
+from turnlog.application.purge_watch import PurgeWatch
 from turnlog.application.settings import Settings
 from turnlog.application.store.topics import PURGE_MARK
 from turnlog.interface import console
@@ -120,8 +121,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await retry
         state.waits.detach()
         state.waits.wake_all()  # every waiter re-checks and sees the shutdown
-        if state.retention is not None:
-            await run_in_threadpool(state.retention.stop)
+        for job in (state.retention, state.purges):
+            if job is not None:
+                await run_in_threadpool(job.stop)
         await run_in_threadpool(state.process.stop, state.options.drain_timeout)
 
 
@@ -138,6 +140,8 @@ async def _start(state: AppState) -> bool:
     assert state.process.follower is not None and runtime is not None
     state.waits.attach(runtime.sessions.news, asyncio.get_running_loop())
     runtime.sessions.news.subscribe(forget_purged(runtime.sessions), PURGE_MARK)
+    state.purges = PurgeWatch(runtime.sessions, runtime.db)
+    state.purges.start()
     state.retention = retention_job(runtime, state.process.reads())
     if state.retention is not None:
         state.metrics.registry.register(RetentionCollector(state.retention.stats))

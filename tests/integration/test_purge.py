@@ -10,10 +10,12 @@ import pytest
 
 from tests.purge_support import needles_of, purge_record, traces
 from turnlog.application.errors import PurgeRefused, SessionPurged
+from turnlog.application.purge_watch import PurgeWatch
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 from turnlog.application.tools.sandboxes import Sandboxes
+from turnlog.interface.bootstrap import build_runtime
 from turnlog.interface.purging import build_purger
 from turnlog.projections import ReadModels
 
@@ -102,3 +104,26 @@ def test_rows_a_late_writer_adds_after_the_drop_go_when_the_purge_finishes(
     purger.purge(sid, "erasure", "dpo")
 
     assert traces(database, namespace, needles_of(sid, "sandboxed"), ["purges"]) == {}
+
+
+def test_a_process_that_missed_the_notification_forgets_the_session_at_its_next_look(
+    runtime: Runtime, reads: ReadModels, settings: Settings
+) -> None:
+    sid = _with_sandbox(runtime)
+    other = build_runtime(settings)  # another process's runtime: no follower, no news
+    try:
+        assert other.sessions.get_session(sid).title == "sandboxed"  # now in its cache
+        watch = PurgeWatch(other.sessions, other.db)
+        assert watch.look() == []
+
+        build_purger(runtime, reads).purge(sid, "erasure", "dpo")
+
+        # Its cache still answers (the fast-forward finds no new event)...
+        assert other.sessions.get_session(sid).title == "sandboxed"
+        assert watch.look() == [str(sid)]
+        # ...until the watch has looked: then it reads the store, and the session is gone.
+        with pytest.raises(SessionPurged):
+            other.sessions.get_session(sid)
+        assert watch.look() == []
+    finally:
+        other.close()
