@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 from uuid import uuid4
 
@@ -11,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
 
+from tests import deadlines
 from tests.api.conftest import (
     CATCHING_UP,
     caught_up,
@@ -343,3 +345,33 @@ def test_a_server_with_a_retention_period_runs_the_job_and_shows_its_metrics(
     plain = create_app(settings, role="api", options=CATCHING_UP)
     with TestClient(plain, raise_server_exceptions=False) as three:
         assert "turnlog_retention" not in three.get("/metrics").text
+
+
+def test_a_live_event_stream_of_a_purged_session_ends_and_a_reconnect_is_410(
+    settings: Settings,
+) -> None:
+    import httpx
+
+    app = create_app(settings, role="all", options=CATCHING_UP)
+    with live_server(app) as url, httpx.Client(base_url=url, timeout=30) as http:
+        sid = http.post("/v1/sessions", json={"title": TITLE}).json()["session_id"]
+        frames: list[str] = []
+        ended = threading.Event()
+
+        def listen() -> None:
+            headers = {"Accept": "text/event-stream"}
+            with http.stream("GET", f"/v1/sessions/{sid}/events", headers=headers) as stream:
+                for line in stream.iter_lines():
+                    frames.append(line)
+            ended.set()
+
+        reader = threading.Thread(target=listen, daemon=True)
+        reader.start()
+        eventually(lambda: any(f.startswith("event: SessionStarted") for f in frames))
+        assert not ended.is_set()
+
+        assert http.post(f"/v1/sessions/{sid}/purge", json=PURGE).status_code == 200
+
+        assert ended.wait(deadlines.scaled(20)), "the stream went on after the purge"
+        again = http.get(f"/v1/sessions/{sid}/events", headers={"Accept": "text/event-stream"})
+        assert again.status_code == 410 and again.json()["code"] == "session_purged"
