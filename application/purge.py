@@ -18,7 +18,9 @@ so that a purge killed anywhere finishes on the next try:
    events, the last position), and the events, the snapshots and every
    session-keyed row go (the head, the last version and its chained hash,
    was noted before the close of step 2, so it is the one anyone kept);
-6. **done**: the record's state becomes ``done``.
+6. **done**: what a late writer added is deleted again, the record's state
+   becomes ``done``, and the other processes are told (they drop their
+   cached copies).
 
 Refused while a turn is open (409), for an unknown session (404), and for a
 session purged already (410 ``session_purged``).
@@ -41,7 +43,7 @@ import psycopg
 from turnlog.application.errors import PurgeRefused, SessionNotFound, SessionPurged
 from turnlog.application.sessions import Sessions
 from turnlog.application.store import logorder, purges
-from turnlog.application.store.database import Database, connect
+from turnlog.application.store.database import Database, bootstrap_lock, connect
 from turnlog.application.store.logorder import Place
 from turnlog.application.store.purges import PurgeRecord, purged_error
 from turnlog.application.store.recorder import Hint, log_channel, payload_of
@@ -168,8 +170,6 @@ class Purger:
         return str(snapshots.recorder.events_table_name)  # type: ignore[attr-defined]
 
     def _create_table(self) -> None:
-        from turnlog.application.store.database import bootstrap_lock
-
         with bootstrap_lock(self.db) as conn:
             conn.execute(purges.create_statement(self.schema))
 
