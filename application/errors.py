@@ -5,6 +5,8 @@ statuses and exit codes in one place. The tree::
 
     ApplicationError
     ├── SessionNotFound          (404)
+    ├── SessionPurged            (410) the session existed and was purged
+    ├── PurgeRefused             (409) a worker drives the session, or its read models lag
     ├── ConcurrentModification   (409) a conflict persisted after one reload and retry
     ├── LeaseLost                (409) this process no longer owns the turn
     ├── ProjectionBusy           (409) another runner holds the read model's lock
@@ -40,6 +42,19 @@ class SessionNotFound(ApplicationError):
     """No session with that id exists in this namespace."""
 
     code = "session_not_found"
+
+
+class SessionPurged(ApplicationError):
+    """The session existed and was purged: its events are gone, its purge record stays."""
+
+    code = "session_purged"
+
+
+class PurgeRefused(ApplicationError):
+    """A purge cannot go on now (a worker holds the session, or the read models lag);
+    what it did so far is recorded, and asking again finishes it."""
+
+    code = "purge_refused"
 
 
 class ConcurrentModification(ApplicationError):

@@ -31,6 +31,12 @@ class SessionCache:
         self._earlier: dict[UUID, tuple[int, int, Session]] = {}
         self._known: dict[UUID, list[Any]] = {}
 
+    def forget(self, session_id: UUID) -> None:
+        """Drop everything kept of a session (it was purged)."""
+        with self._lock:
+            self._known.pop(session_id, None)
+            self._earlier.pop(session_id, None)
+
     def keep(self, session_id: UUID, events: list[Any]) -> None:
         """Keep the latest events of a session, saved or read here (in version order).
 

@@ -26,7 +26,7 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
-from turnlog.application.store import session_log
+from turnlog.application.store import purges, session_log
 from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
@@ -143,12 +143,16 @@ class Sessions(Application[UUID]):
         try:
             session: Any = self.repository.get(session_id, projector_func=project)
         except AggregateNotFoundError:
-            raise SessionNotFound(f"session {session_id} not found") from None
+            raise self.missing(session_id) from None
         if not isinstance(session, Session):
-            raise SessionNotFound(f"session {session_id} not found")
+            raise self.missing(session_id)
         if _ranges_unknown(session):
             self._fill_ranges(session)
         return session
+
+    def missing(self, session_id: UUID) -> Exception:
+        """The error for a session with no events: purged (410), else not found (404)."""
+        return purges.missing(self.recorder, session_id)
 
     def get_record(self, session_id: UUID) -> Session:
         """The session with every turn in full, replayed from all its events (for reads).
@@ -161,7 +165,7 @@ class Sessions(Application[UUID]):
             if isinstance(aggregate, Session) and not aggregate.retains_finished:
                 retaining(aggregate)
         if not isinstance(aggregate, Session):
-            raise SessionNotFound(f"session {session_id} not found")
+            raise self.missing(session_id)
         return aggregate
 
     def replay_range(self, session_id: UUID, first: int, last: int) -> Session:
@@ -245,7 +249,7 @@ class Sessions(Application[UUID]):
         """
         latest = self.version_of(session_id)
         if latest == 0:
-            raise SessionNotFound(f"session {session_id} not found")
+            raise self.missing(session_id)
         if not 1 <= version <= latest:
             raise InvalidVersion(
                 f"version {version} is not one of session {session_id}'s (1..{latest})"

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
         description="Tools (built-in or declared) whose calls always wait for an operator's"
         " approval, comma-separated.",
     )
+    retention_days: int | None = Field(
+        default=None,
+        ge=1,
+        le=36500,
+        description="Purge sessions closed over N days ago (docs/purge.md).",
+    )
     log_format: Literal["text", "json"] = Field(
         default="text", description="Log lines: `text`, or `json` (one object per line)."
     )

@@ -21,6 +21,7 @@ from turnlog.application.settings import Settings
 from turnlog.interface import cli_work
 from turnlog.interface.bootstrap import Process, build_process
 from turnlog.interface.cli_db import db_app
+from turnlog.interface.cli_purge import retention_app
 from turnlog.interface.cli_read import audit, projections_app
 from turnlog.interface.cli_sandboxes import sandboxes_app
 from turnlog.interface.cli_sessions import sessions_app
@@ -43,6 +44,7 @@ app.add_typer(demo_app, name="demo")
 app.add_typer(sandboxes_app, name="sandboxes")
 app.add_typer(tools_app, name="tools")
 app.add_typer(projections_app, name="projections")
+app.add_typer(retention_app, name="retention")
 app.command("audit")(audit)
 app.command("serve")(serve)
 app.command("worker")(cli_work.worker)

@@ -40,6 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
 
+from turnlog.application.retention import RetentionStats
 from turnlog.application.tracing import usage_attributes
 
 if TYPE_CHECKING:
@@ -301,6 +302,39 @@ def _lag(rows: list[dict[str, Any]]) -> list[Metric]:
         horizon_age.add_metric([], float(rows[0].get("horizon_age_seconds") or 0))
         holder.add_metric([], float(rows[0].get("horizon_pid") or 0))
     return [events, seconds, horizon_age, holder]
+
+
+class RetentionCollector(Collector):
+    """What this process's retention job purged (TURNLOG_RETENTION_DAYS), read at scrape time."""
+
+    def __init__(self, stats: RetentionStats) -> None:
+        self.stats = stats
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        for name, text, value in (
+            ("turnlog_retention_runs", "Retention runs this process completed.", s.runs),
+            ("turnlog_retention_failed_runs", "Retention runs that failed.", s.failed_runs),
+            ("turnlog_retention_purged_sessions", "Sessions retention purged.", s.sessions),
+            ("turnlog_retention_purged_events", "Events of the sessions it purged.", s.events),
+            ("turnlog_retention_refused", "Due sessions whose purge was refused.", s.refused),
+        ):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], value)
+            yield counter
+        leading = GaugeMetricFamily(
+            "turnlog_retention_leading", "1 while this process holds the retention lock."
+        )
+        leading.add_metric([], 1.0 if s.leading else 0.0)
+        yield leading
+        last = GaugeMetricFamily(
+            "turnlog_retention_last_run_timestamp_seconds", "When its last run ended (0: none)."
+        )
+        last.add_metric([], s.last_run_at)
+        yield last
 
 
 def register_process_metrics(registry: CollectorRegistry, process: Process) -> ExecutionMetrics:

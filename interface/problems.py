@@ -114,6 +114,8 @@ _TABLE: list[_Entry] = [
     _Entry(domain_errors.NotFound, 404, "Not found"),
     _Entry(domain_errors.Conflict, 409, "Conflict"),
     _Entry(app_errors.SessionNotFound, 404, "Not found"),
+    _Entry(app_errors.SessionPurged, 410, "Gone"),
+    _Entry(app_errors.PurgeRefused, 409, "Conflict"),
     _Entry(app_errors.ConcurrentModification, 409, "Conflict"),
     _Entry(app_errors.LeaseLost, 409, "Conflict"),
     _Entry(app_errors.ProjectionBusy, 409, "Conflict"),
@@ -154,7 +156,7 @@ _TABLE: list[_Entry] = [
     ),
 ]
 
-EXIT_CODES = {401: 2, 404: 4, 409: 3, 422: 2, 413: 2, 503: 5}
+EXIT_CODES = {401: 2, 404: 4, 409: 3, 410: 4, 422: 2, 413: 2, 503: 5}
 
 
 def problem_for(exc: BaseException) -> Problem | None:

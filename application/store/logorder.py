@@ -266,7 +266,7 @@ def place_of(curs: Cursor[Any], qualified: sql.Composable, position: int) -> Pla
             )
         raise InvalidPosition(
             f"position {position} is not the position of an event in this log"
-            " (a position from another namespace?)",
+            " (a position from another namespace, or of a purged session?)",
             head=head,
         )
     return Place(int(_value(row, "x")), position)

@@ -58,6 +58,7 @@ ENDING_TOPICS = frozenset(
 WORK_MARK = "w"  # a turn to take (WORK_TOPICS): the worker
 ENDING_MARK = "e"  # a turn's end (ENDING_TOPICS): ``?wait``
 CHANGE_MARK = "c"  # any new event (live streams); never in a hint: pages tell it
+PURGE_MARK = "p"  # a session was purged (application.purge): only ever a hint
 HINT_MARKS = {
     topic: (WORK_MARK if topic in WORK_TOPICS else "")
     + (ENDING_MARK if topic in ENDING_TOPICS else "")

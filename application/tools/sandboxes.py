@@ -17,7 +17,8 @@
   flight or unknown (then as above). One whose parent is gone is orphaned and
   killed (it should have died with its worker);
 - a sandbox is removed only when its session is closed (so no turn is open,
-  none interrupted) and none of its recorded processes is still alive.
+  none interrupted) and none of its recorded processes is still alive, or
+  when its session was purged (on another host: a purge clears its own).
 
 Directories that name no session of this namespace are reported, never touched.
 """
@@ -32,13 +33,14 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from turnlog.application.errors import SessionNotFound
+from turnlog.application.errors import SessionNotFound, SessionPurged
 from turnlog.application.sessions import Sessions
 from turnlog.application.tools.processes import is_alive, kill_group
 from turnlog.domain.session import Session
 from turnlog.domain.turns import CallState, ToolCall, ToolProcess
 
 NO_SESSION = "no such session"
+PURGED = "purged"  # its events are gone: a sandbox left on another host than the purge's
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,10 @@ class Sandboxes:
     # ---------------------------------------------------------------- parts
 
     def _inspect(self, path: Path) -> Sandbox:
-        session = self._session(path.name)
+        try:
+            session = self._session(path.name)
+        except SessionPurged:
+            return Sandbox(path.name, path, _size(path), PURGED)
         size = _size(path)
         if session is None:
             return Sandbox(path.name, path, size, NO_SESSION)
@@ -156,8 +161,9 @@ class Sandboxes:
             elif kill_group(live.process):
                 actions.append(Action(sid, "killed", target, live.reason))
             # else: it ended on its own between the listing and the kill.
-        if sandbox.status == "closed" and not survivors:
-            verb, reason = "would remove" if dry_run else "removed", "the session is closed"
+        if sandbox.status in ("closed", PURGED) and not survivors:
+            verb = "would remove" if dry_run else "removed"
+            reason = f"the session is {sandbox.status}"
             if not dry_run:
                 try:
                     _remove(self.root, sandbox.path.name)

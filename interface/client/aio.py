@@ -32,6 +32,7 @@ from turnlog.interface.client.models import (
     OpenTurnState,
     Page,
     Projections,
+    PurgeRecord,
     Ready,
     Session,
     SessionRow,
@@ -185,6 +186,12 @@ class AsyncClient:
     ) -> SessionWritten:
         """Close a session: it takes no more turns."""
         return await self._send(calls.close_session(session_id, actor, reason))
+
+    async def purge_session(
+        self, session_id: SessionRef, *, actor: str, reason: str
+    ) -> PurgeRecord:
+        """Purge a session: its events go, a record stays; then it answers 410."""
+        return await self._send(calls.purge_session(session_id, actor, reason))
 
     # ---------------------------------------------------------------- turns
 

@@ -35,6 +35,7 @@ from turnlog.interface.client.models import (
     OpenTurnsSummary,
     Page,
     Projections,
+    PurgeRecord,
     Ready,
     Session,
     SessionRow,
@@ -58,6 +59,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions"): "list_sessions",
     ("GET", "/v1/sessions/{session_id}"): "get_session",
     ("POST", "/v1/sessions/{session_id}/close"): "close_session",
+    ("POST", "/v1/sessions/{session_id}/purge"): "purge_session",
     ("GET", "/v1/sessions/{session_id}/turns"): "list_turns",
     ("POST", "/v1/sessions/{session_id}/turns"): "submit_turn",
     ("GET", "/v1/sessions/{session_id}/request"): "get_request",
@@ -252,6 +254,11 @@ def get_session(session_id: SessionRef) -> Call[Session]:
 def close_session(session_id: SessionRef, actor: str, reason: str) -> Call[SessionWritten]:
     body = {"actor": actor, "reason": reason}
     return Call("POST", f"/v1/sessions/{_sid(session_id)}/close", SessionWritten, body=body)
+
+
+def purge_session(session_id: SessionRef, actor: str, reason: str) -> Call[PurgeRecord]:
+    body = {"actor": actor, "reason": reason}
+    return Call("POST", f"/v1/sessions/{_sid(session_id)}/purge", PurgeRecord, body=body)
 
 
 def submit_turn(

@@ -337,6 +337,21 @@ class Projections(Model):
     items: list[Projection]
 
 
+class PurgeRecord(Model):
+    """What stays of a purged session: who, why, when, and what existed."""
+
+    session_id: UUID
+    state: str
+    actor: str
+    reason: str
+    requested_at: datetime
+    completed_at: datetime | None
+    events: int | None
+    head_version: int | None
+    head_hash: str | None = Field(description="Hex hash of its last event: its chain's head.")
+    last_position: int | None
+
+
 # Each model and the /openapi.json schema it reads (tests/api/test_client_models.py).
 class RequestMessage(Model):
     """One message of a model request."""
@@ -441,6 +456,7 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Workers: "WorkersOut",
     Projection: "ProjectionOut",
     Projections: "ProjectionsOut",
+    PurgeRecord: "PurgeOut",
     RequestMessage: "RequestMessageOut",
     ModelRequest: "ModelRequestOut",
     OpenTurnStateCount: "OpenTurnStateOut",

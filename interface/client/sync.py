@@ -31,6 +31,7 @@ from turnlog.interface.client.models import (
     OpenTurnState,
     Page,
     Projections,
+    PurgeRecord,
     Ready,
     Session,
     SessionRow,
@@ -183,6 +184,10 @@ class Client:
     ) -> SessionWritten:
         """Close a session: it takes no more turns."""
         return self._send(calls.close_session(session_id, actor, reason))
+
+    def purge_session(self, session_id: SessionRef, *, actor: str, reason: str) -> PurgeRecord:
+        """Purge a session: its events go, a record stays; then it answers 410."""
+        return self._send(calls.purge_session(session_id, actor, reason))
 
     # ---------------------------------------------------------------- turns
 

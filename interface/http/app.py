@@ -27,7 +27,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
 from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.purge import forget_purged
+from turnlog.application.purge_watch import PurgeWatch
 from turnlog.application.settings import Settings
+from turnlog.application.store.topics import PURGE_MARK
 from turnlog.interface import console
 from turnlog.interface.bootstrap import build_process
 from turnlog.interface.http import errors
@@ -40,9 +43,11 @@ from turnlog.interface.http.middleware import (
     RequestIdMiddleware,
     TokenMiddleware,
 )
-from turnlog.interface.http.routes import events, listings, ops, sessions, turns
+from turnlog.interface.http.routes import events, listings, ops, purge, sessions, turns
 from turnlog.interface.http.state import AppState, Options
 from turnlog.interface.http.streams import StreamSlots
+from turnlog.interface.metrics import RetentionCollector
+from turnlog.interface.purging import retention_job
 from turnlog.interface.roles import Role
 
 log = logging.getLogger("turnlog.http")
@@ -93,7 +98,7 @@ def create_app(
         guards = [Depends(database_fails_fast), Depends(known_query_only)]
         if settings.api_token is not None:
             guards.insert(0, Depends(require_token))
-        for module in (sessions, turns, events, listings):
+        for module in (sessions, turns, events, listings, purge):
             app.include_router(module.router, dependencies=guards)
         console.install(app, guards)  # pages open, data behind the same guards
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -116,6 +121,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await retry
         state.waits.detach()
         state.waits.wake_all()  # every waiter re-checks and sees the shutdown
+        for job in (state.retention, state.purges):
+            if job is not None:
+                await run_in_threadpool(job.stop)
         await run_in_threadpool(state.process.stop, state.options.drain_timeout)
 
 
@@ -131,6 +139,13 @@ async def _start(state: AppState) -> bool:
     runtime = state.process.runtime
     assert state.process.follower is not None and runtime is not None
     state.waits.attach(runtime.sessions.news, asyncio.get_running_loop())
+    runtime.sessions.news.subscribe(forget_purged(runtime.sessions), PURGE_MARK)
+    state.purges = PurgeWatch(runtime.sessions, runtime.db)
+    state.purges.start()
+    state.retention = retention_job(runtime, state.process.reads())
+    if state.retention is not None:
+        state.metrics.registry.register(RetentionCollector(state.retention.stats))
+        state.retention.start()
     return True
 
 

@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import logging
 from typing import Any
+from uuid import UUID
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import iter_route_contexts
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from turnlog.application.errors import ApplicationError
+from turnlog.application.errors import ApplicationError, SessionNotFound
 from turnlog.domain.errors import DomainError
 from turnlog.interface.problems import InvalidRequest, Problem, RequestRefused, problem_for
 
@@ -83,6 +85,8 @@ def request_id_of(request: Request) -> str | None:
 
 
 async def _known(request: Request, exc: Exception) -> ProblemResponse:
+    if isinstance(exc, SessionNotFound):
+        exc = await _purged_or(request, exc)
     problem = problem_for(exc)
     if problem is None:
         raise exc  # a bug: the request-id middleware answers 500 and logs it
@@ -95,6 +99,23 @@ async def _validation(request: Request, exc: Exception) -> ProblemResponse:
     summary = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors[:5])
     refused = InvalidRequest(f"the request is invalid: {summary}", errors=errors)
     return await _known(request, refused)
+
+
+async def _purged_or(request: Request, exc: SessionNotFound) -> Exception:
+    """A route's "no such session" for a purged session is 410 ``session_purged``."""
+    raw = request.path_params.get("session_id")
+    state = getattr(request.app.state, "turnlog", None)
+    runtime = state.process.runtime if state is not None else None
+    if raw is None or runtime is None:
+        return exc
+    try:
+        session_id = UUID(str(raw))
+    except ValueError:
+        return exc
+    try:
+        return await run_in_threadpool(runtime.sessions.missing, session_id)
+    except Exception:  # the database went away meanwhile: the 404 stands
+        return exc
 
 
 def _plain_error(error: Any) -> dict[str, Any]:

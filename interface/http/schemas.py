@@ -398,6 +398,7 @@ _DESCRIPTIONS = {
     404: "No such session, turn or tool call.",
     409: "The session's state forbids this (`turn_in_progress`, `unresolved_turn`, "
     "`session_closed`, `idempotency_key_reused`, `invalid_transition`, …).",
+    410: "The session was purged (`session_purged`): its events are gone, a record stays.",
     413: "Body over 1 MiB (`payload_too_large`).",
     422: "Invalid input (`validation_error`, `invalid_message`, `invalid_operator_action`).",
     503: "Database unreachable, read model lagging or server starting; see Retry-After.",
@@ -405,5 +406,10 @@ _DESCRIPTIONS = {
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for the problems a route can answer with."""
+    """OpenAPI entries for the problems a route can answer with.
+
+    A route that answers 404 for an unknown session answers 410 for a purged one.
+    """
+    if 404 in statuses and 410 not in statuses:
+        statuses = (*statuses, 410)
     return {s: {"model": ProblemOut, "description": _DESCRIPTIONS[s]} for s in statuses}

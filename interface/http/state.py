@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from turnlog.application.purge_watch import PurgeWatch
+from turnlog.application.retention import RetentionJob
 from turnlog.application.store.history import History
 from turnlog.interface.bootstrap import Process
 from turnlog.interface.http.metrics import Metrics
@@ -36,6 +38,8 @@ class AppState:
     draining: threading.Event = field(default_factory=threading.Event)
     start_error: BaseException | None = None
     history: History | None = None
+    retention: RetentionJob | None = None  # TURNLOG_RETENTION_DAYS's background job
+    purges: PurgeWatch | None = None  # forgets sessions other processes purged
     waits: TurnWaits = field(init=False)
 
     def __post_init__(self) -> None:

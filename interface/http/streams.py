@@ -80,7 +80,8 @@ async def follow(
     """Yield the session's events after version ``after``, then live ones, until told to stop.
 
     The session is read again only when the process's follower reads an
-    event of it (``waits``), or for the heartbeat.
+    event of it (``waits``), or for the heartbeat; a heartbeat that finds no
+    event of it any more (the session was purged) ends the stream.
     """
     loop_time = asyncio.get_running_loop().time
     last = after
@@ -102,6 +103,8 @@ async def follow(
             if events:
                 quiet_since = now
             elif now - quiet_since >= heartbeat:
+                if await run_in_threadpool(history.last_version, session_id) is None:
+                    return  # purged: a client that reconnects is answered 410
                 yield b": heartbeat\n\n"
                 quiet_since = now
             if await request.is_disconnected():

@@ -43,7 +43,7 @@ router = APIRouter(prefix="/v1", tags=["sessions"], route_class=ReadRetryRoute)
     "/sessions",
     status_code=201,
     response_model=SessionWritten,
-    responses=problems(401, 409, 413, 422, 503),
+    responses=problems(401, 409, 410, 413, 422, 503),
 )
 def create_session(
     body: CreateSessionRequest,
