@@ -87,6 +87,13 @@ def save(app: Any, aggregate: Any) -> int:
 
 def settle(recorder: Any, lost: CommitOutcomeUnknown) -> list[int]:
     """The log positions of ``lost.events``, stored once (see the module doc)."""
+    with _counts_lock:
+        counts["unanswered"] += 1
+    log.warning(
+        "a commit got no answer (%s): reading session %s's stream again",
+        lost,
+        lost.events[0].originator_id,
+    )
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
@@ -107,15 +114,15 @@ def _settle_once(recorder: Any, lost: CommitOutcomeUnknown) -> list[int]:
         if v in sent and topic == sent[v].topic and state == bytes(sent[v].state)
     }
     if len(ours) == len(sent):
-        _settled("stored", first, lost)
+        _settled("stored", first)
         return [ours[v] for v in sorted(sent)]
     if not stored:
-        _settled("not stored: written again", first, lost)
+        _settled("not stored: written again", first)
         try:
             return list(recorder.insert_events(lost.events))
         except CommitOutcomeUnknown as again:
             return settle(recorder, again)
-    _settled("overtaken by another writer", first, lost)
+    _settled("overtaken by another writer", first)
     raise IntegrityError(
         f"session {first.originator_id}: versions {min(sent)}..{max(sent)} were written by"
         " another writer while this save's outcome was unknown"
@@ -138,12 +145,12 @@ def _stored(
     }
 
 
-def _settled(outcome: str, first: StoredEvent, lost: CommitOutcomeUnknown) -> None:
+def _settled(outcome: str, first: StoredEvent) -> None:
     with _counts_lock:
         counts[outcome] += 1
     log.warning(
-        "a commit got no answer (%s); the stream read again: %s",
-        lost,
+        "the unanswered commit of session %s settled: %s",
+        first.originator_id,
         outcome,
-        extra={"lost_commit": outcome, "stream": str(first.originator_id)},
+        extra={"lost_commit": outcome},
     )

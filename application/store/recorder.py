@@ -428,7 +428,8 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         except PersistenceOperationalError as exc:
             # Sent, and no answer: stored or not, nobody knows yet (store.lost_commits).
             if sent and unanswered(exc):
-                raise CommitOutcomeUnknown(str(exc).strip(), stored_events) from exc
+                detail = (str(exc).strip().splitlines() or ["connection lost"])[0]
+                raise CommitOutcomeUnknown(detail, stored_events) from exc
             raise
         finally:
             if stored:
