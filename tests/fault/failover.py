@@ -24,7 +24,9 @@ the kill completes, and builds a new synchronous standby on the dead
 primary's port for the next round. serve is never restarted.
 
 At the end every invariant of tests/fault/record.py is checked on the whole
-record, and one JSON line is printed::
+record, every session's hash chain is verified (``turnlog audit --verify``)
+and the read models are compared with a rebuild from the log (``turnlog
+projections verify``); then one JSON line is printed::
 
     {"acknowledged": N, "lost": 0, "duplicates": 0, "unknown_surfaced": K,
      "lost_ack_window_hit": H, "recovered_s": S, ...}
@@ -58,6 +60,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import httpx  # noqa: E402
+
+from tests.conftest import turnlog  # noqa: E402
 from tests.fault.campaign import PROBED, Client, Workload  # noqa: E402
 from tests.fault.cluster import Cluster, Process, free_port, poll  # noqa: E402
 from tests.fault.pg_pair import PgPair  # noqa: E402
@@ -216,7 +221,15 @@ class Failover:
         log = self.serve.output() if self.serve else ""
         lost_commits = UNANSWERED.findall(log)
         outcomes = Counter(o.strip() for o in SETTLED.findall(log))
+        if len(lost_commits) > outcomes.total():
+            # The API fails fast: a 503 while the server cannot be read; the client retried.
+            outcomes["not settled: 503, retried by the client"] = (
+                len(lost_commits) - outcomes.total()
+            )
         problems = {k: v for k, v in vars(findings).items() if v and k not in ("lost",)}
+        verify = self._verify(record)
+        if verify:
+            problems["verify"] = verify
         record.close()
         return {
             "acknowledged": len(self.workload.acknowledged),
@@ -234,6 +247,26 @@ class Failover:
             "problems": problems,
             "workload_errors": self.workload.errors[:5],
         }
+
+    def _verify(self, record: Record) -> list[str]:
+        """Every session's hash chain (``audit --verify``), and the read models rebuilt from
+        the log equal to the stored ones (``projections verify``), once they caught up."""
+        head = record.position
+
+        def caught_up() -> bool:
+            response = httpx.get(f"{self.cluster.api_url}/v1/projections", timeout=10)
+            return all(item["position"] >= head for item in response.json()["items"])
+
+        poll(caught_up, 60, "the read models catching up")
+        failures = []
+        for session_id in record.session_ids():
+            done = turnlog(self.settings, "audit", session_id, "--verify")
+            if done.returncode != 0:
+                failures.append(f"audit {session_id} --verify: {done.stdout[-500:]}")
+        done = turnlog(self.settings, "projections", "verify")
+        if done.returncode != 0:
+            failures.append(f"projections verify: {done.stdout[-2000:]}")
+        return failures
 
     def close(self) -> None:
         self.workload.stop.set()
