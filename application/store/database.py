@@ -69,9 +69,10 @@ class Database:
 
 def locate(settings: Settings) -> Database:
     """The server the settings point at, starting the embedded one if needed."""
-    if settings.database_url:
+    url = settings.namespace_database_url
+    if url:
         try:
-            params = conninfo_to_dict(settings.database_url)
+            params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise DatabaseUnavailable(f"TURNLOG_DATABASE_URL is not a valid URL: {exc}") from None
         return Database(params=dict(params), embedded=False)
