@@ -64,9 +64,9 @@ def unanswered(exc: BaseException) -> bool:
     The server answered an error for the statement (a constraint, a lock
     timeout …): it failed as a whole, nothing is unknown. No answer (the
     connection broke: no SQLSTATE) or the server ending the session
-    (operator intervention, class 57; connection exceptions, class 08; a
-    session ended while waiting for a synchronous standby has committed
-    locally) leaves it unknown.
+    (connection exceptions, class 08; a shutdown or crash, 57P…: a session
+    ended while waiting for a synchronous standby has committed locally)
+    leaves it unknown. A cancelled statement (57014) was refused as a whole.
     """
     cause = exc if isinstance(exc, psycopg.Error) else exc.__cause__
     if not isinstance(cause, psycopg.OperationalError):
@@ -74,7 +74,7 @@ def unanswered(exc: BaseException) -> bool:
     if isinstance(cause, psycopg.errors.PipelineAborted):
         return False  # an earlier statement of the pipeline failed and was reported
     state = cause.sqlstate
-    return state is None or state[:2] in ("08", "57")
+    return state is None or state[:2] == "08" or state.startswith("57P")
 
 
 def save(app: Any, aggregate: Any) -> int:
