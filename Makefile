@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test docs lint format clean-data bench bench-quick profile browser-deps chaos \
+.PHONY: demo test docs lint format clean-data bench bench-quick profile browser-deps chaos failover \
 	unit integration api client e2e fault browser browser-deps-if-root
 
 $(STAMP): pyproject.toml
@@ -96,6 +96,17 @@ chaos: $(STAMP)
 	TURNLOG_FUZZ_EXAMPLES=60 TURNLOG_FUZZ_MIN_REQUESTS=2000 \
 		$(BIN)/pytest -p no:cacheprovider -rs -s \
 		tests/fault/test_database_faults.py tests/fault/test_log_order.py tests/api/test_openapi_fuzz.py
+
+# The failover run (RELIABILITY.md), not part of `make test`; about 3 minutes, at most 10: a
+# primary and a synchronous standby built in temporary directories from the machine's PostgreSQL
+# (tests/fault/pg_pair.py), `serve --split` on their multi-host URL under load, and per round the
+# primary SIGKILLed while a commit waits for the standby, the standby promoted, a new standby
+# built. Prints one JSON line (also in .turnlog/failover.json); exits 1 on a lost or duplicated
+# turn or a recovery slower than 30 s. Everything it started is stopped and removed.
+FAILOVER_ROUNDS ?= 3
+
+failover: $(STAMP)
+	$(BIN)/python tests/fault/failover.py --rounds $(FAILOVER_ROUNDS)
 
 # The docs' pictures (Mermaid blocks in README.md and docs/), generated from the code;
 # tests/unit/test_pictures.py fails while a committed one is stale.

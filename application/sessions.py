@@ -3,7 +3,8 @@
 Every command loads the session, lets the aggregate decide, saves once and
 returns ids and the log position of its last event. A save that loses an
 optimistic-concurrency race (``IntegrityError``) is retried once on a fresh
-load; a second loss surfaces as ``ConcurrentModification``.
+load; a second loss surfaces as ``ConcurrentModification``. An unanswered commit
+is settled by reading the stream again (``store.lost_commits``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
-from turnlog.application.store import purges, session_log
+from turnlog.application.store import lost_commits, purges, session_log
 from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
@@ -369,9 +370,9 @@ class Sessions(Application[UUID]):
         """Start a new session; ``fields`` are those of ``Session.start``."""
         session = Session.start(**fields)
         pending = list(session.pending_events)
-        recordings = self.save(session)
+        position = lost_commits.save(self, session)
         self._tell_saved(session.id, pending)
-        return Written(session.id, session.version, recordings[-1].notification.id)
+        return Written(session.id, session.version, position)
 
     def submit_turn(
         self,
@@ -460,7 +461,7 @@ class Sessions(Application[UUID]):
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
             try:
-                recordings = self.save(session)
+                position = lost_commits.save(self, session)
             except IntegrityError:
                 if attempt == attempts:
                     raise ConcurrentModification(
@@ -468,7 +469,6 @@ class Sessions(Application[UUID]):
                     ) from None
                 continue
             self._tell_saved(session.id, pending)
-            position = recordings[-1].notification.id
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
 

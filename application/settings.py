@@ -29,6 +29,10 @@ class Settings(BaseSettings):
         default="default",
         description="Namespace; stored in the schema turnlog_<namespace>.",
     )
+    namespace_database_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description='Per-namespace URLs (JSON): `{"ns": "postgresql://…"}`.',
+    )
     data_dir: Path = Field(
         default=Path(".turnlog"),
         description="Embedded database, tool sandboxes and other local state.",
@@ -177,6 +181,18 @@ class Settings(BaseSettings):
             return None
         return split_names(self.default_tools)
 
+    @field_validator("namespace_database_urls")
+    @classmethod
+    def _namespaces_are_identifiers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            check_namespace(name)
+        return value
+
+    @property
+    def namespace_database_url(self) -> str | None:
+        """The URL of this namespace's server: its own, or DATABASE_URL (None: embedded)."""
+        return self.namespace_database_urls.get(self.namespace) or self.database_url
+
     @property
     def schema_name(self) -> str:
         return schema_name(self.namespace)
@@ -209,7 +225,7 @@ def settings_reference() -> str:
     """The configuration table of the README, generated from the fields above."""
     lines = ["| variable | default | meaning |", "|---|---|---|"]
     for name, info in Settings.model_fields.items():
-        default = info.default
-        shown = "unset" if default is None else f"`{default}`"
+        default = info.get_default(call_default_factory=True)
+        shown = "unset" if default is None or default == {} else f"`{default}`"
         lines.append(f"| `TURNLOG_{name.upper()}` | {shown} | {info.description or ''} |")
     return "\n".join(lines)

@@ -45,7 +45,7 @@ def db_stop(ctx: typer.Context) -> None:
     from turnlog.application.store.database import stop_embedded
 
     settings = ctx_of(ctx).settings()
-    if settings.database_url:
+    if settings.namespace_database_url:
         fail(2, "TURNLOG_DATABASE_URL is set: turnlog does not stop an external server")
     stopped = stop_embedded(settings.data_dir)
     out.print("embedded PostgreSQL stopped" if stopped else "no embedded PostgreSQL was running")

@@ -141,10 +141,10 @@ def secrets_of(settings: Settings) -> list[str]:
     values = [
         s.get_secret_value() for s in (settings.api_token, settings.openai_api_key) if s is not None
     ]
-    if settings.database_url:
+    for url in (settings.database_url, *settings.namespace_database_urls.values()):
         # An invalid URL is reported where it is used (without the password).
         with contextlib.suppress(Exception):
-            values.append(str(conninfo_to_dict(settings.database_url).get("password") or ""))
+            values.append(str(conninfo_to_dict(url or "").get("password") or ""))
     return [v for v in values if v]
 
 

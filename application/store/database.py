@@ -42,20 +42,37 @@ class Database:
     def conninfo(self) -> str:
         return make_conninfo(**self.params)
 
+    @property
+    def hosts(self) -> list[str]:
+        """Each server the URL names, ``host:port`` (a socket directory alone), in order.
+
+        A multi-host URL (``postgresql://h1:p1,h2:p2/db?target_session_attrs=read-write``)
+        names several: libpq tries them in turn, on every new connection.
+        """
+        hosts = str(self.params.get("host") or "localhost").split(",")
+        ports = str(self.params.get("port") or "5432").split(",")
+        if len(ports) == 1:
+            ports = ports * len(hosts)
+        return [
+            h if h.startswith("/") else f"{h or 'localhost'}:{p or 5432}"
+            for h, p in zip(hosts, ports, strict=False)
+        ]
+
     def describe(self) -> str:
-        """Host and database, without any password."""
-        host = self.params.get("host") or "localhost"
-        port = self.params.get("port") or 5432
-        where = host if str(host).startswith("/") else f"{host}:{port}"
+        """Host(s) and database, without any password."""
+        where = ",".join(self.hosts)
         kind = "embedded" if self.embedded else "external"
-        return f"{kind} PostgreSQL at {where}, database {self.params.get('dbname', '')}"
+        attrs = self.params.get("target_session_attrs")
+        suffix = f" ({attrs})" if attrs else ""
+        return f"{kind} PostgreSQL at {where}, database {self.params.get('dbname', '')}{suffix}"
 
 
 def locate(settings: Settings) -> Database:
     """The server the settings point at, starting the embedded one if needed."""
-    if settings.database_url:
+    url = settings.namespace_database_url
+    if url:
         try:
-            params = conninfo_to_dict(settings.database_url)
+            params = conninfo_to_dict(url)
         except psycopg.ProgrammingError as exc:
             raise DatabaseUnavailable(f"TURNLOG_DATABASE_URL is not a valid URL: {exc}") from None
         return Database(params=dict(params), embedded=False)
@@ -177,6 +194,11 @@ def library_env(
         "POSTGRES_PORT": str(p.get("port") or 5432),
         "POSTGRES_USER": str(p.get("user") or "postgres"),
         "POSTGRES_PASSWORD": str(p.get("password") or ""),
+        # The URL's other parameters (target_session_attrs of a multi-host URL, sslmode …),
+        # which the library's pool does not take: added to it by the factory (store/pool.py).
+        "TURNLOG_CONNINFO_EXTRA": make_conninfo(
+            **{k: v for k, v in p.items() if k not in _LIBRARY_PARAMS}
+        ),
         "POSTGRES_SCHEMA": settings.schema_name,
         "POSTGRES_POOL_SIZE": str(settings.pool_size),
         "POSTGRES_MAX_OVERFLOW": str(settings.pool_max_overflow),
@@ -197,6 +219,10 @@ def library_env(
         "CREATE_TABLE": "y" if create_table else "n",
         "TURNLOG_OWNS_SCHEMA": "y" if owns_schema else "n",
     }
+
+
+# The connection parameters the library's factory takes from its own variables.
+_LIBRARY_PARAMS = frozenset({"dbname", "host", "port", "user", "password"})
 
 
 def namespace_status(db: Database, namespace: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 from eventsourcing.postgres import ConnectionPool, PostgresFactory
 from eventsourcing.utils import EnvType
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 
 from turnlog.application.errors import DatabaseUnavailable
@@ -60,6 +61,11 @@ def failing_fast() -> Iterator[None]:
         yield
     finally:
         _fail_fast.reset(token)
+
+
+def fails_fast() -> bool:
+    """Whether the current context fails fast (see ``failing_fast``)."""
+    return _fail_fast.get()
 
 
 def fail_fast() -> None:
@@ -162,6 +168,12 @@ class TurnlogFactory(PostgresFactory):
         # reconnection back to demand: the next waiting caller tries at once.
         pool.reconnect_timeout = RECONNECT_TIMEOUT
         kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+        # The URL's parameters beyond host, port, database, user and password
+        # (application/store/database.py: library_env), e.g. a multi-host URL's
+        # target_session_attrs: every new connection finds the primary.
+        extra = conninfo_to_dict(self.env.get("TURNLOG_CONNINFO_EXTRA") or "")
+        if extra and isinstance(kwargs, dict):
+            kwargs.update(extra)
         pool.reachability = Reachability(dict(kwargs or {}))
         # Read by the recorder's create_table (application/store/recorder.py).
         owns = (self.env.get("TURNLOG_OWNS_SCHEMA") or "y").lower() not in ("n", "no", "0")

@@ -70,6 +70,7 @@ from psycopg.sql import SQL
 from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
 from turnlog.application.store.database import rendered
+from turnlog.application.store.lost_commits import CommitOutcomeUnknown, unanswered
 
 
 def _quoted(name: str) -> str:
@@ -414,15 +415,22 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         # when it failed (and then at once): a failed insert held the horizon back
         # while it ran, and readers waiting behind it should look again.
         taken = self.notifier.take_now(params[2], params[0], params[1])
-        stored = False
+        stored = sent = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
+                sent = True
                 if taken is None:
                     curs.execute(self._insert, params, prepare=True)
                 else:
                     self._insert_notifying(conn, curs, params, taken.payload)
                 rows = curs.fetchall()
             stored = True
+        except PersistenceOperationalError as exc:
+            # Sent, and no answer: stored or not, nobody knows yet (store.lost_commits).
+            if sent and unanswered(exc):
+                detail = (str(exc).strip().splitlines() or ["connection lost"])[0]
+                raise CommitOutcomeUnknown(detail, stored_events) from exc
+            raise
         finally:
             if stored:
                 if taken is None:

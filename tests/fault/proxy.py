@@ -68,13 +68,48 @@ class Proxy:
                     server.close()
                     return
                 self._sockets |= {client, server}
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            pair: dict[str, threading.Event] = {}  # what the two pumps of one connection share
+            for a, b, up in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(a, b, up, pair), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def lose_at(self, marker: bytes, *, answered: bool) -> threading.Event:
+        """Once: cut the connection that next sends ``marker`` to the server; set when done.
+
+        ``answered``: the server gets the message and its answer is lost (the
+        connection is cut when the answer comes); otherwise the message is
+        lost before the server gets it. Either way the client only sees its
+        connection end: a commit whose outcome it cannot know.
+        """
+        done = threading.Event()
+        with self._lock:
+            self._trap = (marker, answered, done)
+        return done
+
+    _trap: tuple[bytes, bool, threading.Event] | None = None
+
+    def _sprung(self, data: bytes) -> tuple[bool, threading.Event] | None:
+        with self._lock:
+            trap = self._trap
+            if trap is None or trap[0] not in data:
+                return None
+            self._trap = None
+        return trap[1], trap[2]
+
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, up: bool, pair: dict[str, Any]
+    ) -> None:
         try:
             while data := source.recv(65536):
+                if not up and "swallow" in pair:
+                    pair["swallow"].set()  # the answer arrived: lost with the connection
+                    return
+                sprung = self._sprung(data) if up else None
+                if sprung is not None:
+                    answered, done = sprung
+                    if not answered:
+                        done.set()
+                        return
+                    pair["swallow"] = done
                 sink.sendall(data)
         except OSError:
             pass
