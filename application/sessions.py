@@ -146,9 +146,13 @@ class Sessions(Application[UUID]):
             raise SessionNotFound(f"session {session_id} not found") from None
         if not isinstance(session, Session):
             raise SessionNotFound(f"session {session_id} not found")
+        self.complete_ranges(session)
+        return session
+
+    def complete_ranges(self, session: Session) -> None:
+        """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
         if _ranges_unknown(session):
             self._fill_ranges(session)
-        return session
 
     def get_record(self, session_id: UUID) -> Session:
         """The session with every turn in full, replayed from all its events (for reads).

@@ -42,6 +42,7 @@ from eventsourcing.utils import EnvType
 from psycopg_pool import PoolTimeout
 
 from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.store.seal import SnapshotRecorder
 
 PROBE_AFTER = 1.0  # seconds a fail-fast caller waits for a pooled connection before probing
 PROBE_TTL = 0.25  # seconds a probe's verdict is shared (how long a recovery may go unseen)
@@ -147,7 +148,14 @@ class FailFastPool(ConnectionPool[Any]):
 
 
 class TurnlogFactory(PostgresFactory):
-    """The library's PostgreSQL factory, its pool able to fail fast (see the module doc)."""
+    """The library's PostgreSQL factory, its pool able to fail fast (see the module doc).
+
+    Its aggregate recorder (the Sessions application's snapshots) seals the
+    snapshots it stores and checks the seal of those it loads
+    (``application.store.seal``).
+    """
+
+    aggregate_recorder_class = SnapshotRecorder
 
     def __init__(self, env: EnvType | None) -> None:
         super().__init__(env)
