@@ -24,6 +24,14 @@ restarted server) is dead or suspect; it is closed, the pool opens a
 replacement, and the next one is tried at once. A connection that dies
 while in use raises ``OperationalError``, which the library's recorders
 retry (and which is a 503 with Retry-After to an HTTP client).
+
+That check cannot see a connection whose server process was told to end
+a moment ago and has not yet said so. When every backend of a process is
+terminated at once, a request whose connection died and that is tried
+again (interface/http/reads.py) could be lent such a sibling and fail a
+second time; so the code inside ``verifying()`` (that second attempt)
+also pings each connection it is lent (one round trip,
+``ConnectionPool.check_connection``) and takes another when the ping fails.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ PROBE_CONNECT_TIMEOUT = 2  # seconds (libpq's connect_timeout: whole seconds)
 RECONNECT_TIMEOUT = 2.0  # seconds the pool retries one connection in the background
 
 _fail_fast: ContextVar[bool] = ContextVar("turnlog_fail_fast", default=False)
+_verifying: ContextVar[bool] = ContextVar("turnlog_verifying", default=False)
 
 
 @contextmanager
@@ -61,6 +70,25 @@ def failing_fast() -> Iterator[None]:
         yield
     finally:
         _fail_fast.reset(token)
+
+
+@contextmanager
+def verifying() -> Iterator[None]:
+    """Within this block, every connection lent is pinged first (see the module doc)."""
+    token = _verifying.set(True)
+    try:
+        yield
+    finally:
+        _verifying.reset(token)
+
+
+def answers(conn: Any) -> bool:
+    """Whether a connection answers a ping (one round trip)."""
+    try:
+        ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return True
 
 
 def fail_fast() -> None:
@@ -124,7 +152,7 @@ class FailFastPool(ConnectionPool[Any]):
         # taken at once, without the pool's backoff between failed checks.
         for _ in range(self.max_size + 1):
             conn = self._getconn(timeout)
-            if looks_alive(conn):
+            if looks_alive(conn) and (not _verifying.get() or answers(conn)):
                 return conn
             conn.close()
             self.putconn(conn)
