@@ -263,3 +263,25 @@ def test_a_snapshot_of_an_unchained_stream_names_no_head_and_keeps_loading(
     assert not ignored_warnings(caplog)
     code, out = verify(settings, sid)
     assert code == 0, out
+
+
+def test_a_snapshots_table_of_earlier_code_gets_the_seal_columns_only_from_an_owner(
+    awaiting: tuple[Settings, UUID, int],
+) -> None:
+    settings, sid, version = awaiting
+    before = bytes(snapshot_row(settings, sid, version)["state"])
+    # What earlier versions left: no seal columns at all.
+    query(settings, "ALTER TABLE sessions_snapshots DROP COLUMN chain_head, DROP COLUMN digest")
+    listing = turnlog(settings, "sessions", "list")
+    assert listing.returncode == 5, listing.stdout + listing.stderr  # a one-shot never migrates
+    assert "turnlog db init" in listing.stderr.replace("\n", " "), listing.stderr
+
+    init = turnlog(settings, "db", "init")
+    assert init.returncode == 0, init.stdout + init.stderr
+    row = snapshot_row(settings, sid, version)
+    assert row["chain_head"] is None and row["digest"] is None  # stored rows not rewritten
+    assert bytes(row["state"]) == before
+    assert fresh_load(settings, sid).__dict__ == replayed(settings, sid).__dict__
+    code, out = verify(settings, sid)
+    assert code == 0, out
+    assert f"snapshot of session {sid} at version {version} is unsealed" in out
