@@ -147,8 +147,9 @@ def test_terminating_every_backend_of_serve_under_load_never_answers_503(
             terminated += len(pids)
             load.more(REQUESTS_PER_ROUND)
     assert process.proc.poll() is None, "the serving process died"
-    print(f"{terminated} backends terminated, {load.answered} answers: {dict(load.statuses)}")
-    assert load.statuses[503] == 0 and not load.failures, load.failures[:10]
+    counts = f"{terminated} backends terminated, {load.answered} answers: {dict(load.statuses)}"
+    print(counts)
+    assert load.statuses[503] == 0 and not load.failures, (counts, load.failures[:10])
     # Still serving: a turn completes after the last round.
     done = c.submit(session_id, "after", wait=30)
     assert done.status_code == 200 and done.json()["state"] == "completed", done.text
