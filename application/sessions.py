@@ -147,9 +147,13 @@ class Sessions(Application[UUID]):
             raise self.missing(session_id) from None
         if not isinstance(session, Session):
             raise self.missing(session_id)
+        self.complete_ranges(session)
+        return session
+
+    def complete_ranges(self, session: Session) -> None:
+        """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
         if _ranges_unknown(session):
             self._fill_ranges(session)
-        return session
 
     def missing(self, session_id: UUID) -> Exception:
         """The error for a session with no events: purged (410), else not found (404)."""

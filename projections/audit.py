@@ -17,7 +17,9 @@ stream is whole and that everything derived from it agrees:
    A stream stored before the chain (no hash at all) is a problem, since
    nothing proves it whole, unless the caller accepts unchained streams
    (then it is reported not compared) until ``turnlog audit --chain-existing``
-   has hashed it.
+   has hashed it;
+6. each stored snapshot's seal holds and the session it restores equals the
+   replay of the events up to its version (``projections.snapshot_audit``).
 
 What each read model was compared over is reported (``compared``), and
 what could not be (``not_compared``): a read model that has processed none
@@ -40,6 +42,7 @@ from turnlog.application.errors import SessionNotFound
 from turnlog.application.store import chain, logorder
 from turnlog.application.store.logorder import LogTracking, Place, place_of_tracking
 from turnlog.domain.session import Session, retaining
+from turnlog.projections import snapshot_audit
 from turnlog.projections.catalog import ReadModel, read_models
 from turnlog.projections.log import EventLog
 from turnlog.projections.rebuild import compare
@@ -174,6 +177,7 @@ def verify_stream(
     session = _replay(records, audit) if not any(r.error for r in records) else None
     if session is not None:
         _check_repository(events, session, audit)
+    snapshot_audit.check_snapshots(events, records, audit)
     decoded: list[tuple[Any, Tracking]] = [
         (r.event, LogTracking(events.application_name, r.position, r.xact))
         for r in records

@@ -24,6 +24,14 @@ restarted server) is dead or suspect; it is closed, the pool opens a
 replacement, and the next one is tried at once. A connection that dies
 while in use raises ``OperationalError``, which the library's recorders
 retry (and which is a 503 with Retry-After to an HTTP client).
+
+That check cannot see a connection whose server process was told to end
+a moment ago and has not yet said so. When every backend of a process is
+terminated at once, a request whose connection died and that is tried
+again (interface/http/reads.py) could be lent such a sibling and fail a
+second time; so the code inside ``verifying()`` (that second attempt)
+also pings each connection it is lent (one round trip,
+``ConnectionPool.check_connection``) and takes another when the ping fails.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import PoolTimeout
 
 from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.store.seal import SnapshotRecorder
 
 PROBE_AFTER = 1.0  # seconds a fail-fast caller waits for a pooled connection before probing
 PROBE_TTL = 0.25  # seconds a probe's verdict is shared (how long a recovery may go unseen)
@@ -51,6 +60,7 @@ PROBE_CONNECT_TIMEOUT = 2  # seconds (libpq's connect_timeout: whole seconds)
 RECONNECT_TIMEOUT = 2.0  # seconds the pool retries one connection in the background
 
 _fail_fast: ContextVar[bool] = ContextVar("turnlog_fail_fast", default=False)
+_verifying: ContextVar[bool] = ContextVar("turnlog_verifying", default=False)
 
 
 @contextmanager
@@ -66,6 +76,25 @@ def failing_fast() -> Iterator[None]:
 def fails_fast() -> bool:
     """Whether the current context fails fast (see ``failing_fast``)."""
     return _fail_fast.get()
+
+
+@contextmanager
+def verifying() -> Iterator[None]:
+    """Within this block, every connection lent is pinged first (see the module doc)."""
+    token = _verifying.set(True)
+    try:
+        yield
+    finally:
+        _verifying.reset(token)
+
+
+def answers(conn: Any) -> bool:
+    """Whether a connection answers a ping (one round trip)."""
+    try:
+        ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return False
+    return True
 
 
 def fail_fast() -> None:
@@ -129,7 +158,7 @@ class FailFastPool(ConnectionPool[Any]):
         # taken at once, without the pool's backoff between failed checks.
         for _ in range(self.max_size + 1):
             conn = self._getconn(timeout)
-            if looks_alive(conn):
+            if looks_alive(conn) and (not _verifying.get() or answers(conn)):
                 return conn
             conn.close()
             self.putconn(conn)
@@ -153,7 +182,14 @@ class FailFastPool(ConnectionPool[Any]):
 
 
 class TurnlogFactory(PostgresFactory):
-    """The library's PostgreSQL factory, its pool able to fail fast (see the module doc)."""
+    """The library's PostgreSQL factory, its pool able to fail fast (see the module doc).
+
+    Its aggregate recorder (the Sessions application's snapshots) seals the
+    snapshots it stores and checks the seal of those it loads
+    (``application.store.seal``).
+    """
+
+    aggregate_recorder_class = SnapshotRecorder
 
     def __init__(self, env: EnvType | None) -> None:
         super().__init__(env)

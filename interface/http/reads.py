@@ -7,7 +7,10 @@ end (application/store/pool.py), but one that dies mid-query raises
 ``OperationalError``: a 503 to the client, although the server is up.
 
 A read (GET, HEAD) wrote nothing, so it is run once more before the client
-hears 503 — on another connection, since the pool discards the broken one.
+hears 503 — on another connection, since the pool discards the broken one,
+and one pinged before it is lent (``pool.verifying``): when every backend
+of the process was terminated at once, the pool's other idle connections
+may be dying too without showing it yet.
 A write that carries an ``Idempotency-Key`` (creating a session, submitting
 a turn) is run once more too: if its first attempt committed before the
 connection died, the second finds the key and answers what the first did;
@@ -31,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from turnlog.application.errors import DatabaseUnavailable
+from turnlog.application.store.pool import verifying
 
 log = logging.getLogger("turnlog.http")
 
@@ -78,6 +82,7 @@ class ReadRetryRoute(APIRoute):
                     "read" if reads else "keyed write",
                     first[0] if first else type(exc).__name__,
                 )
-            return await handler(request)
+            with verifying():
+                return await handler(request)
 
         return retried

@@ -29,6 +29,7 @@ class Proxy:
         self.port = free_port()
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
+        self._severed: set[socket.socket] = set()
         self._lock = threading.Lock()
 
     def up(self) -> None:
@@ -49,6 +50,16 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
                 s.close()
+
+    def sever(self) -> None:
+        """Make every open connection fail at its next use, with no sign of it before.
+
+        What a client sees of a backend told to end that has not yet said so:
+        the connection looks idle and healthy until something is sent on it;
+        then it is cut. New connections are forwarded as usual.
+        """
+        with self._lock:
+            self._severed |= self._sockets
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -100,6 +111,8 @@ class Proxy:
     ) -> None:
         try:
             while data := source.recv(65536):
+                if source in self._severed:
+                    break  # cut at its first use, both ways (the finally below)
                 if not up and "swallow" in pair:
                     pair["swallow"].set()  # the answer arrived: lost with the connection
                     return

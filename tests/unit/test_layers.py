@@ -17,6 +17,7 @@ LAYERS = ("domain", "application", "projections", "interface")
 
 PROJECTIONS_MAY_USE = {
     "application.store.chain",  # the log's hash chain, which audit recomputes
+    "application.store.seal",  # the snapshots' seal, which audit checks
     "application.store.database",
     "application.errors",
     # the process's one reader of the log's tail, whose pages they fold
