@@ -27,7 +27,7 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
-from turnlog.application.store import lost_commits, purges, session_log
+from turnlog.application.store import lost_commits, purges, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.request import ModelRequest, next_request
@@ -152,8 +152,9 @@ class Sessions(Application[UUID]):
 
     def complete_ranges(self, session: Session) -> None:
         """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
-        if _ranges_unknown(session):
-            self._fill_ranges(session)
+        if version_ranges.unknown(session):
+            topics = version_ranges.TOPICS
+            version_ranges.fill(session, self._events_of_topics(session.id, topics))
 
     def missing(self, session_id: UUID) -> Exception:
         """The error for a session with no events: purged (410), else not found (404)."""
@@ -262,8 +263,7 @@ class Sessions(Application[UUID]):
         session: Any = self.repository.get(session_id, version=version)
         if not isinstance(session, Session):
             raise SessionNotFound(f"session {session_id} not found")
-        if _ranges_unknown(session):
-            self._fill_ranges(session)
+        self.complete_ranges(session)
         first, last = self.window(session)
         return next_request(session, self.replay_range(session_id, first, last))
 
@@ -322,31 +322,6 @@ class Sessions(Application[UUID]):
         if not cover:
             return None
         return summarizing_request(session, earlier, cover), session.compacted_turns + cover
-
-    def _fill_ranges(self, session: Session) -> None:
-        """Give turns upcast from a version-1 snapshot their version ranges, from the stream."""
-        topics = [
-            Session.TurnSubmitted.TOPIC,
-            Session.TurnCompleted.TOPIC,
-            Session.TurnFailed.TOPIC,
-            Session.TurnAbandoned.TOPIC,
-        ]
-        first: dict[str, int] = {}
-        last: dict[str, int] = {}
-        for event in self._events_of_topics(session.id, topics):
-            turn_id = str(event.turn_id)
-            target = first if isinstance(event, Session.TurnSubmitted) else last
-            target[turn_id] = event.originator_version
-        session.finished = [
-            e
-            if e.first_version
-            else e._replace(
-                first_version=first.get(e.turn_id, 0), last_version=last.get(e.turn_id, 0)
-            )
-            for e in session.finished
-        ]
-        for turn in session.turns:
-            turn.first_version = turn.first_version or first.get(turn.turn_id, 0)
 
     def version_of(self, session_id: UUID) -> int:
         """The session's latest stored version: one index lookup, no events read.
@@ -492,11 +467,3 @@ def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
     lowest first and the highest last version, not the ends of the list.
     """
     return min(e.first_version for e in entries), max(e.last_version for e in entries)
-
-
-def _ranges_unknown(session: Session) -> bool:
-    """True for a session upcast from a version-1 snapshot whose turns lack version ranges."""
-    return bool(
-        (session.finished and not session.finished[0].first_version)
-        or any(not t.first_version for t in session.turns)
-    )
