@@ -77,7 +77,8 @@ def count() -> dict[str, int]:
 
 @server.tool()
 def attempt(what: str, target: str = "") -> dict[str, Any]:
-    """Try something a sandbox must refuse: read, list, write, connect, environ, big_file."""
+    """Try what a sandbox must refuse: read, list, write, connect, environ, big_file, fork,
+    allocate, kill_parent."""
     import socket
 
     try:
@@ -97,6 +98,24 @@ def attempt(what: str, target: str = "") -> dict[str, Any]:
             with open(target, "wb") as out:
                 out.write(b"x" * (2 * 1024 * 1024))
             return {"ok": True}
+        if what == "fork":  # until the process limit says no; the children are left behind
+            children = 0
+            try:
+                while True:
+                    if os.fork() == 0:
+                        time.sleep(30)
+                        os._exit(0)
+                    children += 1
+            except OSError as exc:
+                return {"ok": False, "error": f"fork refused after {children}: {exc}"}
+        if what == "allocate":
+            return {"ok": True, "data": len(bytearray(4 << 30))}
+        if what == "kill_parent":
+            os.kill(os.getppid(), 9)
+            os.kill(1, 9)
+            return {"ok": True}
+    except MemoryError:
+        return {"ok": False, "error": "MemoryError"}
     except OSError as exc:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": False, "error": f"unknown attempt {what!r}"}

@@ -1,7 +1,8 @@
 """The hostile-tools ring for an MCP server: a stdio server in the sandbox tries to get out.
 
 The server is ``tests/mcp_server.py``; its ``attempt`` tool reads, lists, writes,
-connects and fills a file where the sandbox must refuse it. Each attempt is
+connects, fills a file, forks without end, allocates 4 GB, kills its parent and
+overruns its timeout where the sandbox must refuse or bound it. Each attempt is
 refused or bounded and says why; the server keeps serving, its state intact.
 """
 
@@ -19,6 +20,7 @@ from uuid import UUID
 import pytest
 
 from tests.conftest import ROOT
+from tests.integration.test_command_tools import call_tool
 from tests.integration.test_mcp_tools import server_entry, tools_file
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
@@ -38,10 +40,12 @@ def boxed(
     settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Runtime, UUID]]:
     monkeypatch.setenv("TURNLOG_TEST_SECRET", SECRET)  # this server's environment
-    entry = server_entry("boxed", sandbox={"file_size_mb": 1})
+    limits = {"file_size_mb": 1, "processes": 32, "address_space_mb": 1024}
+    entry = server_entry("boxed", sandbox=limits, tools={"hang": {"timeout_seconds": 2}})
     rt = build_runtime(settings.model_copy(update={"tools_file": tools_file(tmp_path, entry)}))
     try:
-        yield rt, rt.sessions.create_session(tools=["boxed_attempt", "boxed_count"]).session_id
+        tools = ["boxed_attempt", "boxed_count", "boxed_hang"]
+        yield rt, rt.sessions.create_session(tools=tools).session_id
     finally:
         rt.close()
 
@@ -108,6 +112,34 @@ def test_a_file_over_the_limit_is_refused_and_the_server_keeps_serving(
     assert not big["ok"] and "File too large" in big["error"]
     turn = rt.send(session_id, "/tool boxed_count {}").turn
     assert json.loads(turn.reply.removeprefix("Tool boxed_count returned: "))["count"] == 1
+
+
+@NO_SANDBOX
+def test_a_fork_bomb_4_gb_and_a_kill_of_the_parent_are_refused_and_it_keeps_serving(
+    boxed: tuple[Runtime, UUID],
+) -> None:
+    rt, session_id = boxed
+    bomb = attempt(boxed, "fork")
+    assert not bomb["ok"] and "fork refused after" in bomb["error"], bomb
+    assert int(bomb["error"].split()[3].rstrip(":")) < 32  # the server's own limit
+    memory = attempt(boxed, "allocate")
+    assert memory == {"ok": False, "error": "MemoryError"}
+    parent = attempt(boxed, "kill_parent")
+    assert not parent["ok"] and "PermissionError" in parent["error"], parent
+    turn = rt.send(session_id, "/tool boxed_count {}").turn
+    assert json.loads(turn.reply.removeprefix("Tool boxed_count returned: "))["count"] == 1
+    other = rt.sessions.create_session(tools=["boxed_count"]).session_id
+    assert rt.send(other, "/tool boxed_count {}").turn.state == "completed"
+
+
+@NO_SANDBOX
+def test_a_call_past_its_timeout_is_cut_off_with_its_server_and_the_next_call_is_served(
+    boxed: tuple[Runtime, UUID],
+) -> None:
+    rt, session_id = boxed
+    late = call_tool(rt, session_id, "boxed_hang", {"seconds": 60})
+    assert late.state == "failed" and "no answer within 2s (timeout)" in late.error, late
+    assert attempt(boxed, "environ")["ok"]  # a new server answers
 
 
 def test_a_host_that_cannot_sandbox_gets_only_the_servers_tools_that_change_nothing(
