@@ -2,7 +2,8 @@
 
 An API, a projection runner and workers run as separate processes
 (``cluster.Cluster``). Client threads submit a mix of turns — plain, a
-``read_only`` tool, a ``side_effecting`` tool with a delay — each to its own
+``read_only`` tool (in turns, the built-in ``sleep`` and ``nap``, a command tool that
+runs in the OS sandbox), a ``side_effecting`` tool with a delay — each to its own
 session, with an ``Idempotency-Key`` per turn, retrying through the API's
 deaths, so an acknowledged turn is never submitted twice. A killer picks a
 process at random (API, projections or a worker), SIGKILLs it at a random
@@ -79,6 +80,15 @@ CANCEL_ONE_IN = 6  # about one turn in this many is cancelled by the client
 APPROVING_CLIENT = 3  # every third client's session asks approval of side-effecting calls
 AIM_ONE_IN = 3  # with probes on, one worker kill in this many is aimed after a write
 PROBED = frozenset({"append_file"})  # the tools whose probe recovery asks (probes on)
+# A read-only command tool: its process runs in the sandbox (TURNLOG_SANDBOX is on).
+NAP_TOOLS = """
+[[tools]]
+name = "nap"
+description = "Sleep a little in the sandbox."
+command = ["sleep", "0.4"]
+effect = "read_only"
+parameters = { type = "object", properties = {} }
+"""
 
 
 def message_for(i: int) -> tuple[str, str, str]:
@@ -87,6 +97,8 @@ def message_for(i: int) -> tuple[str, str, str]:
     if kind == "plain":
         return kind, f"hello {i}", ""
     if kind == "read_only":
+        if i % 2:
+            return kind, "/tool nap {}", ""  # a sandboxed process (bwrap), killed with its worker
         return kind, '/tool sleep {"seconds": 0.4}', ""
     marker = f"turn-{i}-{uuid.uuid4().hex[:8]}"
     body = {"path": EFFECTS_FILE, "text": marker, "delay_seconds": 0.6}
@@ -390,7 +402,10 @@ class Campaign:
         self.say = say
         self.probes = probes
         # For every process started: probes are on by default, off here unless asked.
-        self.env = {"TURNLOG_PROBES": "1" if probes else "off"}
+        tools = Path(c.settings.data_dir) / "campaign-tools.toml"
+        tools.parent.mkdir(parents=True, exist_ok=True)
+        tools.write_text(NAP_TOOLS)
+        self.env = {"TURNLOG_PROBES": "1" if probes else "off", "TURNLOG_TOOLS_FILE": str(tools)}
         self.probed = PROBED if probes else frozenset()
         self.aimed: list[str] = []  # how each kill aimed after a write went: hit | missed: …
         self.loads: list[float] = []  # the 1-minute load average at each kill
