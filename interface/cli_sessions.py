@@ -9,6 +9,7 @@ from uuid import UUID
 import typer
 from rich.markup import escape
 
+from turnlog.application.forks import fork_session
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import split_names
 from turnlog.application.tools.port import default_tools
@@ -226,6 +227,52 @@ def sessions_request(
         lines = [f"{head}: {m['content']}"]
         lines += [f"  calls {json.dumps(c)}" for c in m["tool_calls"]]
         out.print("\n".join(lines), markup=False)
+
+
+@sessions_app.command("fork")
+def sessions_fork(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="The session to fork.")],
+    version: Annotated[
+        int, typer.Option("--version", help="Its version to fork at (between turns).")
+    ],
+    title: Annotated[
+        str | None, typer.Option(help="The fork's title (default: the source's).")
+    ] = None,
+    metadata: Annotated[
+        str | None,
+        typer.Option(help="The fork's metadata as a JSON object (default: the source's)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the new session as JSON.")] = False,
+) -> None:
+    """Start a new session from another as it was at --version, and print its id.
+
+    Its next model request is the source's at that version (``sessions request``);
+    the source is only read. A version inside an unfinished turn exits 3.
+    """
+    sid = parse_uuid(session_id)
+    fields: dict[str, Any] | None = None
+    if metadata is not None:
+        try:
+            fields = json.loads(metadata)
+        except ValueError:
+            fail(2, "--metadata is not JSON")
+        if not isinstance(fields, dict):
+            fail(2, "--metadata must be a JSON object")
+        if any(str(k).startswith("turnlog.") for k in fields):
+            fail(2, "metadata keys starting with 'turnlog.' are reserved")
+
+    def forked(rt: Runtime) -> dict[str, Any]:
+        written = fork_session(
+            rt.sessions, sid, version, title=title, metadata=fields, created_by=default_actor()
+        )
+        return describe_session_summary(rt.sessions.get_session(written.session_id))
+
+    view = run(ctx, forked)
+    if as_json:
+        typer.echo(json.dumps(view))
+        return
+    out.print(str(view["session_id"]))
 
 
 def probe_line(probe: dict[str, Any]) -> str:

@@ -187,6 +187,24 @@ class AsyncClient:
         """Close a session: it takes no more turns."""
         return await self._send(calls.close_session(session_id, actor, reason))
 
+    async def fork_session(
+        self,
+        session_id: SessionRef,
+        *,
+        version: int,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created_by: str = "",
+    ) -> SessionWritten:
+        """A new session going on from this one as it was at ``version`` (between turns).
+
+        Its next model request is the source's at that version; omitted title
+        and metadata are the source's. Not retried when the answer is lost.
+        """
+        return await self._send(
+            calls.fork_session(session_id, version, title, metadata, created_by)
+        )
+
     async def purge_session(
         self, session_id: SessionRef, *, actor: str, reason: str
     ) -> PurgeRecord:

@@ -59,6 +59,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions"): "list_sessions",
     ("GET", "/v1/sessions/{session_id}"): "get_session",
     ("POST", "/v1/sessions/{session_id}/close"): "close_session",
+    ("POST", "/v1/sessions/{session_id}/fork"): "fork_session",
     ("POST", "/v1/sessions/{session_id}/purge"): "purge_session",
     ("GET", "/v1/sessions/{session_id}/turns"): "list_turns",
     ("POST", "/v1/sessions/{session_id}/turns"): "submit_turn",
@@ -254,6 +255,21 @@ def get_session(session_id: SessionRef) -> Call[Session]:
 def close_session(session_id: SessionRef, actor: str, reason: str) -> Call[SessionWritten]:
     body = {"actor": actor, "reason": reason}
     return Call("POST", f"/v1/sessions/{_sid(session_id)}/close", SessionWritten, body=body)
+
+
+def fork_session(
+    session_id: SessionRef,
+    version: int,
+    title: str | None,
+    metadata: Mapping[str, Any] | None,
+    created_by: str,
+) -> Call[SessionWritten]:
+    body: dict[str, Any] = {"version": version, "created_by": created_by}
+    if title is not None:
+        body["title"] = title
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    return Call("POST", f"/v1/sessions/{_sid(session_id)}/fork", SessionWritten, body=body)
 
 
 def purge_session(session_id: SessionRef, actor: str, reason: str) -> Call[PurgeRecord]:

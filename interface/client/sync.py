@@ -185,6 +185,22 @@ class Client:
         """Close a session: it takes no more turns."""
         return self._send(calls.close_session(session_id, actor, reason))
 
+    def fork_session(
+        self,
+        session_id: SessionRef,
+        *,
+        version: int,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created_by: str = "",
+    ) -> SessionWritten:
+        """A new session going on from this one as it was at ``version`` (between turns).
+
+        Its next model request is the source's at that version; omitted title
+        and metadata are the source's. Not retried when the answer is lost.
+        """
+        return self._send(calls.fork_session(session_id, version, title, metadata, created_by))
+
     def purge_session(self, session_id: SessionRef, *, actor: str, reason: str) -> PurgeRecord:
         """Purge a session: its events go, a record stays; then it answers 410."""
         return self._send(calls.purge_session(session_id, actor, reason))

@@ -1,4 +1,4 @@
-"""Sessions: create, list, show, close."""
+"""Sessions: create, fork, list, show, close."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
+from turnlog.application.forks import fork_session
 from turnlog.application.idempotency import start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
@@ -27,6 +28,7 @@ from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
+    ForkSessionRequest,
     ModelRequestOut,
     SessionOut,
     SessionWritten,
@@ -77,6 +79,43 @@ def create_session(
     return _written(runtime, written)
 
 
+@router.post(
+    "/sessions/{session_id}/fork",
+    status_code=201,
+    response_model=SessionWritten,
+    responses=problems(401, 404, 409, 410, 413, 422, 503),
+)
+def fork(
+    session_id: UUID, body: ForkSessionRequest, runtime: RuntimeDep, response: Response
+) -> SessionWritten:
+    """Start a new session from this one as it was at `version` (the source is only read).
+
+    The fork's first event names the source, the version and the source's
+    chain head there; its next model request is the source's request at that
+    version (`GET …/request?version=`). A version inside an unfinished turn is
+    409 `fork_inside_turn` (`fork_at_interrupted_turn` for an interrupted
+    one); one the session never had is 422 `invalid_version`.
+    """
+    if body.metadata is not None:
+        _refuse_reserved(body.metadata)
+    written = fork_session(
+        runtime.sessions,
+        session_id,
+        body.version,
+        title=body.title,
+        metadata=body.metadata,
+        created_by=body.created_by or "api",
+    )
+    response.headers["Location"] = f"/v1/sessions/{written.session_id}"
+    return _written(runtime, written)
+
+
+def _refuse_reserved(metadata: dict[str, Any]) -> None:
+    reserved = sorted(k for k in metadata if k.startswith("turnlog."))
+    if reserved:
+        raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
+
+
 def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, Any]:
     """The session's settings, with the server's defaults; refuse names it does not know."""
     known_tools = runtime.executor.tools.names()
@@ -90,9 +129,7 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
     unknown = sorted(set(tools) - set(known_tools))
     if unknown:
         raise InvalidRequest(f"unknown tools: {', '.join(unknown)}", known_tools=known_tools)
-    reserved = sorted(k for k in body.metadata if k.startswith("turnlog."))
-    if reserved:
-        raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
+    _refuse_reserved(body.metadata)
     return {
         "title": body.title,
         "system_prompt": body.system_prompt,
