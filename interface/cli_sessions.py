@@ -304,8 +304,26 @@ def sessions_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="How many.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    search: Annotated[
+        str | None,
+        typer.Option(help="Only sessions whose id or title starts with this (read model)."),
+    ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE its metadata must hold (repeatable; read model)."),
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option(help="Go on from a search's printed next cursor.")
+    ] = None,
 ) -> None:
-    """List sessions in the order they were created."""
+    """List sessions in the order they were created.
+
+    With --search or --metadata: the matching sessions from the sessions read
+    model, most recent activity first, a page of --limit (at most 500).
+    """
+    if search is not None or metadata or cursor is not None:
+        _search(ctx, search, metadata or [], cursor, min(limit, 500), as_json)
+        return
 
     def listing(rt: Runtime) -> list[dict[str, Any]]:
         rows = []
@@ -324,3 +342,37 @@ def sessions_list(
     for row in rows:
         table.add_row(row["id"], escape(row["title"]), row["status"], str(row["turns"]))
     print_table(table)
+
+
+def _search(
+    ctx: typer.Context,
+    search: str | None,
+    metadata: list[str],
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    from turnlog.interface.cli_read import _with_read_models
+
+    pairs: list[tuple[str, str]] = []
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(2, f"--metadata takes KEY=VALUE, not {item!r}")
+        pairs.append((key, value))
+    rows, following = _with_read_models(
+        ctx,
+        lambda rt, models: models.list_sessions(
+            limit=limit, cursor=cursor, search=search, metadata=pairs
+        ),
+    )
+    if as_json:
+        typer.echo(json.dumps({"items": rows, "next_cursor": following}))
+        return
+    table = id_table("session", "title", "status", "turns")
+    for row in rows:
+        title = escape(row["title"] or "")
+        table.add_row(row["session_id"], title, row["status"], str(row["turn_count"]))
+    print_table(table)
+    if following:
+        err.print(f"more: --cursor {following}", markup=False)

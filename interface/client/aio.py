@@ -154,9 +154,17 @@ class AsyncClient:
         limit: int = 50,
         cursor: str | None = None,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Page[SessionRow]:
-        """One page of the sessions read model; pass ``next_cursor`` back for the next."""
-        return await self._send(calls.list_sessions(status, limit, cursor, min_position))
+        """One page of the sessions read model; pass ``next_cursor`` back for the next.
+
+        ``search``: sessions whose id or title starts with it; ``metadata``: whose
+        metadata holds every one of these values (``?metadata.KEY=VALUE``).
+        """
+        return await self._send(
+            calls.list_sessions(status, limit, cursor, min_position, search, metadata)
+        )
 
     async def iter_sessions(
         self,
@@ -164,12 +172,19 @@ class AsyncClient:
         status: SessionStatus | None = None,
         page_size: int = 100,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[SessionRow]:
         """Every session of the read model, page after page."""
         cursor: str | None = None
         while True:
             page = await self.list_sessions(
-                status=status, limit=page_size, cursor=cursor, min_position=min_position
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+                min_position=min_position,
+                search=search,
+                metadata=metadata,
             )
             for row in page.items:
                 yield row

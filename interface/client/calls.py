@@ -242,9 +242,23 @@ def create_session(
 
 
 def list_sessions(
-    status: str | None, limit: int, cursor: str | None, min_position: int | None
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+    min_position: int | None,
+    search: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Call[Page[SessionRow]]:
-    params = {"status": status, "limit": limit, "cursor": cursor, "min_position": min_position}
+    params: dict[str, Any] = {
+        "status": status,
+        "limit": limit,
+        "cursor": cursor,
+        "min_position": min_position,
+        "q": search,
+    }
+    for key, value in (metadata or {}).items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        params[f"metadata.{key}"] = text
     return Call("GET", "/v1/sessions", Page[SessionRow], params=params, safe=True)
 
 

@@ -276,6 +276,10 @@ class SessionRow(Model):
     last_activity_at: datetime | None
     last_position: int
     version: int
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="Its metadata (null in rows folded before the column: a rebuild fills it).",
+    )
 
 
 class OpenTurnRow(Model):

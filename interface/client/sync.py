@@ -153,9 +153,17 @@ class Client:
         limit: int = 50,
         cursor: str | None = None,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Page[SessionRow]:
-        """One page of the sessions read model; pass ``next_cursor`` back for the next."""
-        return self._send(calls.list_sessions(status, limit, cursor, min_position))
+        """One page of the sessions read model; pass ``next_cursor`` back for the next.
+
+        ``search``: sessions whose id or title starts with it; ``metadata``: whose
+        metadata holds every one of these values (``?metadata.KEY=VALUE``).
+        """
+        return self._send(
+            calls.list_sessions(status, limit, cursor, min_position, search, metadata)
+        )
 
     def iter_sessions(
         self,
@@ -163,12 +171,19 @@ class Client:
         status: SessionStatus | None = None,
         page_size: int = 100,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> Iterator[SessionRow]:
         """Every session of the read model, page after page."""
         cursor: str | None = None
         while True:
             page = self.list_sessions(
-                status=status, limit=page_size, cursor=cursor, min_position=min_position
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+                min_position=min_position,
+                search=search,
+                metadata=metadata,
             )
             yield from page.items
             if page.next_cursor is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.forks import fork_session
@@ -161,22 +161,38 @@ def _written(runtime: Runtime, written: Written) -> SessionWritten:
 
 @router.get("/sessions", response_model=Page[SessionRow], responses=problems(401, 422, 503))
 async def list_sessions(
+    request: Request,
     state: StateDep,
     read_models: ReadModelsDep,
     status: Literal["idle", "busy", "blocked", "awaiting_approval", "closed"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     min_position: MinPosition = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="Only sessions whose id or title starts with this."),
+    ] = None,
 ) -> Page[SessionRow]:
     """List sessions from the sessions read model, most recent activity first.
 
     Pages are keyset-paginated: pass `next_cursor` as `cursor` for the next
-    page. With `?min_position=N` (a `position` from a write) the answer waits
-    up to 5 s until the read model has processed it, else 503
+    page (with the same filters). `?q=` keeps the sessions whose id or title
+    starts with it (case-insensitive; at most 200 characters, else 422);
+    `?metadata.KEY=VALUE` (repeatable, all must hold) those whose metadata has
+    that value at that key (`5`, `true`, `null` also match the JSON number,
+    boolean or null). With `?min_position=N` (a `position` from a write) the
+    answer waits up to 5 s until the read model has processed it, else 503
     `read_model_lagging` with Retry-After.
     """
+    metadata = [
+        (name.removeprefix("metadata."), value)
+        for name, value in request.query_params.multi_items()
+        if name.startswith("metadata.")
+    ]
     await caught_up(state, read_models, min_position, "sessions")
-    rows, next_cursor = await run_in_threadpool(read_models.list_sessions, status, limit, cursor)
+    rows, next_cursor = await run_in_threadpool(
+        read_models.list_sessions, status, limit, cursor, None, q, metadata
+    )
     return Page[SessionRow].model_validate({"items": rows, "next_cursor": next_cursor})
 
 
