@@ -14,11 +14,13 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+import pytest
 from fastapi.testclient import TestClient
 from psycopg import sql
 
 from tests.api.conftest import interrupt_a_turn, new_session, problem
 from tests.conftest import raw_events, turnlog
+from turnlog.application.errors import SessionPurged
 from turnlog.application.forks import fork_session
 from turnlog.application.providers.port import FixtureProvider, ModelReply, ProviderRegistry
 from turnlog.application.runtime import Runtime
@@ -26,6 +28,8 @@ from turnlog.application.settings import Settings, schema_name
 from turnlog.domain.compaction import is_summarizing
 from turnlog.domain.request import ModelRequest
 from turnlog.domain.session import Session
+from turnlog.interface.purging import build_purger
+from turnlog.projections import ReadModels
 
 TURN_ENDS = {
     Session.TurnCompleted.TOPIC,
@@ -140,6 +144,17 @@ def test_a_fork_between_turns_asks_the_model_what_the_source_asked_there(
         "a turn on the fork of a fork",
         "after its own turn",
     ]
+
+    # The forks never read their source again: they outlive its purge.
+    expected = sessions.request_for(sessions.get_session(parent))
+    build_purger(runtime, ReadModels(runtime.db, settings, sessions=sessions)).purge(
+        source, "erasure", "dpo"
+    )
+    assert raw_events(database, settings.namespace, source) == []
+    assert sessions.request_for(sessions.get_session(parent)) == expected
+    assert runtime.send(parent, "after the source is gone").turn.state == "completed"
+    with pytest.raises(SessionPurged):
+        fork_session(sessions, source, 1)
 
 
 def test_fork_over_http_and_the_cli_and_what_it_refuses(
