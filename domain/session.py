@@ -294,6 +294,7 @@ class Session(Aggregate):
         title: str | None = None,
         metadata: dict[str, Any] | None = None,
         created_by: str = "",
+        session_id: UUID | None = None,
     ) -> Session:
         """A new session that goes on from ``source`` as it was at ``version``.
 
@@ -329,7 +330,7 @@ class Session(Aggregate):
             compaction = {k: source.compaction[k] for k in ("summary", "turns", "last_turn_id")}
         return cls._create(
             cls.Forked,
-            id=uuid4(),
+            id=session_id or uuid4(),
             title=new_title,
             system_prompt=source.system_prompt,
             provider=source.provider,

@@ -277,13 +277,21 @@ def fork_session(
     title: str | None,
     metadata: Mapping[str, Any] | None,
     created_by: str,
+    idempotency_key: str | None = None,
 ) -> Call[SessionWritten]:
     body: dict[str, Any] = {"version": version, "created_by": created_by}
     if title is not None:
         body["title"] = title
     if metadata is not None:
         body["metadata"] = dict(metadata)
-    return Call("POST", f"/v1/sessions/{_sid(session_id)}/fork", SessionWritten, body=body)
+    return Call(
+        "POST",
+        f"/v1/sessions/{_sid(session_id)}/fork",
+        SessionWritten,
+        body=body,
+        headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex},
+        safe=True,
+    )
 
 
 def purge_session(session_id: SessionRef, actor: str, reason: str) -> Call[PurgeRecord]:

@@ -208,13 +208,17 @@ class Client:
         title: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         created_by: str = "",
+        idempotency_key: str | None = None,
     ) -> SessionWritten:
         """A new session going on from this one as it was at ``version`` (between turns).
 
         Its next model request is the source's at that version; omitted title
-        and metadata are the source's. Not retried when the answer is lost.
+        and metadata are the source's. Sent with an ``Idempotency-Key`` (generated
+        unless given), so a lost answer is retried and finds the same fork.
         """
-        return self._send(calls.fork_session(session_id, version, title, metadata, created_by))
+        return self._send(
+            calls.fork_session(session_id, version, title, metadata, created_by, idempotency_key)
+        )
 
     def purge_session(self, session_id: SessionRef, *, actor: str, reason: str) -> PurgeRecord:
         """Purge a session: its events go, a record stays; then it answers 410."""

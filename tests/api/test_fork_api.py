@@ -179,6 +179,29 @@ def test_fork_over_http_and_the_cli_and_what_it_refuses(
     assert shown["forked_from"] == body["forked_from"]
     assert api.get(f"/v1/sessions/{sid}").json()["forked_from"] is None
 
+    # With an Idempotency-Key a repeat finds the same fork; another body with it is refused.
+    keyed = {"version": latest, "title": "keyed"}
+    headers = {"Idempotency-Key": "fork-once"}
+    first = api.post(f"/v1/sessions/{sid}/fork", json=keyed, headers=headers)
+    assert first.status_code == 201, first.text
+    again = api.post(f"/v1/sessions/{sid}/fork", json=keyed, headers=headers)
+    assert again.status_code == 201, again.text
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.json()["session_id"] == first.json()["session_id"]
+    assert (again.json()["title"], again.json()["metadata"]["team"]) == ("keyed", "a")
+    other = {**keyed, "title": "another"}
+    problem(
+        api.post(f"/v1/sessions/{sid}/fork", json=other, headers=headers),
+        409,
+        "idempotency_key_reused",
+    )
+    # The source's own idempotency record is not inherited.
+    marked = api.post("/v1/sessions", json={"title": "m"}, headers={"Idempotency-Key": "src"})
+    unmarked = api.post(f"/v1/sessions/{marked.json()['session_id']}/fork", json={"version": 1})
+    assert unmarked.status_code == 201, unmarked.text
+    assert "turnlog.idempotency" in marked.json()["metadata"]
+    assert unmarked.json()["metadata"] == {}
+
     for bad in (0, -1, latest + 1):
         problem(api.post(f"/v1/sessions/{sid}/fork", json={"version": bad}), 422, "invalid_version")
     problem(
@@ -207,7 +230,7 @@ def test_fork_over_http_and_the_cli_and_what_it_refuses(
     forks = [
         r for r in raw_events(database, settings.namespace) if r[3].endswith("SessionForked.v1")
     ]
-    assert len(forks) == 1  # the refusals wrote nothing
+    assert len(forks) == 3  # the refusals wrote nothing
 
     cli = turnlog(settings, "sessions", "fork", sid, "--version", str(latest), "--json")
     assert cli.returncode == 0, cli.stderr

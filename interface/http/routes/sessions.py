@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.forks import fork_session
-from turnlog.application.idempotency import start_session_once
+from turnlog.application.idempotency import start_once, start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
 from turnlog.application.tools.port import default_tools
@@ -86,7 +86,11 @@ def create_session(
     responses=problems(401, 404, 409, 410, 413, 422, 503),
 )
 def fork(
-    session_id: UUID, body: ForkSessionRequest, runtime: RuntimeDep, response: Response
+    session_id: UUID,
+    body: ForkSessionRequest,
+    runtime: RuntimeDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
 ) -> SessionWritten:
     """Start a new session from this one as it was at `version` (the source is only read).
 
@@ -94,18 +98,35 @@ def fork(
     chain head there; its next model request is the source's request at that
     version (`GET …/request?version=`). A version inside an unfinished turn is
     409 `fork_inside_turn` (`fork_at_interrupted_turn` for an interrupted
-    one); one the session never had is 422 `invalid_version`.
+    one); one the session never had is 422 `invalid_version`. With an
+    `Idempotency-Key` header, a repeat with the same body returns the fork the
+    first request made (header `Idempotent-Replayed: true`).
     """
     if body.metadata is not None:
         _refuse_reserved(body.metadata)
-    written = fork_session(
-        runtime.sessions,
-        session_id,
-        body.version,
-        title=body.title,
-        metadata=body.metadata,
-        created_by=body.created_by or "api",
-    )
+
+    def make(fork_id: UUID | None = None, mark: dict[str, Any] | None = None) -> Written:
+        return fork_session(
+            runtime.sessions,
+            session_id,
+            body.version,
+            title=body.title,
+            metadata=body.metadata,
+            created_by=body.created_by or "api",
+            session_id=fork_id,
+            mark=mark,
+        )
+
+    if idempotency_key:
+        request = {"fork_of": str(session_id), **body.model_dump(mode="json")}
+        started = start_once(
+            runtime.sessions, runtime.settings.namespace, idempotency_key, request, make
+        )
+        written = started.written
+        if not started.created:
+            response.headers["Idempotent-Replayed"] = "true"
+    else:
+        written = make()
     response.headers["Location"] = f"/v1/sessions/{written.session_id}"
     return _written(runtime, written)
 
