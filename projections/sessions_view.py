@@ -24,6 +24,10 @@ from turnlog.projections.rows import Row, Rows, Table, session_scope
 from turnlog.projections.view import PostgresReadModelView, ReadModelView
 
 STATUSES = ("idle", "busy", "blocked", "awaiting_approval", "closed")
+# How much of a title the search's index holds: at least the longest search text
+# (projections.queries.MAX_SEARCH_CHARS), at most what a btree entry can take in UTF-8.
+TITLE_PREFIX_CHARS = 200
+TITLE_PREFIX = f"left(lower(title), {TITLE_PREFIX_CHARS})"
 
 TABLE = Table(
     columns=(
@@ -71,19 +75,29 @@ class PostgresSessionsView(PostgresReadModelView):
     def _compose_statements(self) -> None:
         super()._compose_statements()
         # The search's indexes: id and title prefixes (case-insensitive) and metadata
-        # containment, beside the plain columns' indexes of TABLE.
+        # containment, beside the plain columns' indexes of TABLE. The title's is on its
+        # first TITLE_PREFIX_CHARS characters only: a btree entry holds at most ~2.7 kB, and
+        # a longer title (the CLI and the Python API take any length) failed its row's
+        # write, and so the read model, for good. A search text is no longer than that, so
+        # a prefix of it matches the title exactly when it matches the indexed part.
+        self.sql_create_statements.append(
+            sql.SQL("DROP INDEX IF EXISTS {}.{}").format(
+                sql.Identifier(self.datastore.schema), self._index_name("title_prefix")
+            )
+        )
         for suffix, spec in (
             ("id_prefix", "((session_id::text) text_pattern_ops)"),
-            ("title_prefix", "(lower(title) text_pattern_ops)"),
+            ("title_start", f"({TITLE_PREFIX} text_pattern_ops)"),
             ("metadata", "USING gin (metadata jsonb_path_ops)"),
         ):
             self.sql_create_statements.append(
                 sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} {}").format(
-                    sql.Identifier(f"{self.table_name}_{suffix}_idx"[: self.MAX_IDENTIFIER_LEN]),
-                    self._qualified,
-                    sql.SQL(spec),
+                    self._index_name(suffix), self._qualified, sql.SQL(spec)
                 )
             )
+
+    def _index_name(self, suffix: str) -> sql.Identifier:
+        return sql.Identifier(f"{self.table_name}_{suffix}_idx"[: self.MAX_IDENTIFIER_LEN])
 
     def list_sessions(
         self,
@@ -116,7 +130,9 @@ class PostgresSessionsView(PostgresReadModelView):
         params: list[Any] = list(filters.values())
         if text:
             pattern = _like_escaped(text.lower()) + "%"
-            conditions.append(sql.SQL("(session_id::text LIKE %s OR lower(title) LIKE %s)"))
+            conditions.append(
+                sql.SQL("(session_id::text LIKE %s OR {} LIKE %s)").format(sql.SQL(TITLE_PREFIX))
+            )
             params += [pattern, pattern]
         for key, values in metadata:
             either = [sql.SQL("metadata @> %s") for _ in values]
