@@ -315,14 +315,17 @@ def sessions_list(
     cursor: Annotated[
         str | None, typer.Option(help="Go on from a search's printed next cursor.")
     ] = None,
+    forked_from: Annotated[
+        str | None, typer.Option(help="Only the forks of this session (read model).")
+    ] = None,
 ) -> None:
     """List sessions in the order they were created.
 
-    With --search or --metadata: the matching sessions from the sessions read
-    model, most recent activity first, a page of --limit (at most 500).
+    With --search, --metadata or --forked-from: the matching sessions from the
+    sessions read model, most recent activity first, a page of --limit (at most 500).
     """
-    if search is not None or metadata or cursor is not None:
-        _search(ctx, search, metadata or [], cursor, min(limit, 500), as_json)
+    if search is not None or metadata or cursor is not None or forked_from is not None:
+        _search(ctx, search, metadata or [], cursor, min(limit, 500), as_json, forked_from)
         return
 
     def listing(rt: Runtime) -> list[dict[str, Any]]:
@@ -351,6 +354,7 @@ def _search(
     cursor: str | None,
     limit: int,
     as_json: bool,
+    forked_from: str | None = None,
 ) -> None:
     from turnlog.interface.cli_read import _with_read_models
 
@@ -363,7 +367,7 @@ def _search(
     rows, following = _with_read_models(
         ctx,
         lambda rt, models: models.list_sessions(
-            limit=limit, cursor=cursor, search=search, metadata=pairs
+            limit=limit, cursor=cursor, search=search, metadata=pairs, forked_from=forked_from
         ),
     )
     if as_json:

@@ -70,19 +70,22 @@ class ReadModels:
         last_turn_state: str | None = None,
         search: str | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        forked_from: str | UUID | None = None,
     ) -> Page:
         """Sessions, newest activity first; ``status``: idle, busy, blocked or closed;
         ``last_turn_state``: how (or whether) their last turn ended, e.g. failed;
         ``search``: whose id or title starts with it (case-insensitive, at most 200
-        characters); ``metadata``: (key, value) pairs its metadata must all hold."""
+        characters); ``metadata``: (key, value) pairs its metadata must all hold;
+        ``forked_from``: only the forks of that session (which hold copies of its turns)."""
         _check_choice("status", status, sessions_view.STATUSES)
         _check_choice("last_turn_state", last_turn_state, LAST_TURN_STATES)
         limit = _check_limit(limit)
         text = _check_search(search)
         wanted = _metadata_filters(metadata)
+        source = _check_uuid(forked_from, "forked_from") if forked_from else None
         after = decode_cursor(cursor, "sessions", (int,))
         rows = self._sessions.list_sessions(
-            status, limit + 1, after[0] if after else None, last_turn_state, text, wanted
+            status, limit + 1, after[0] if after else None, last_turn_state, text, wanted, source
         )
         return _page(rows, limit, "sessions", lambda r: (r["last_position"],))
 
@@ -243,13 +246,13 @@ def _check_text(what: str, value: str) -> str:
     return value
 
 
-def _check_uuid(value: str | UUID) -> UUID:
+def _check_uuid(value: str | UUID, what: str = "session_id") -> UUID:
     if isinstance(value, UUID):
         return value
     try:
         return UUID(str(value))
     except ValueError:
-        raise InvalidQuery(f"session_id {value!r} is not a valid id") from None
+        raise InvalidQuery(f"{what} {value!r} is not a valid id") from None
 
 
 def _check_search(search: str | None) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+from uuid import UUID
 
 from eventsourcing.dispatch import singledispatchmethod
 from eventsourcing.persistence import Tracking
@@ -46,11 +47,14 @@ TABLE = Table(
         ("version", "bigint"),
         # The session's metadata (NULL in rows folded before the column: a rebuild fills it).
         ("metadata", "jsonb"),
+        # A fork's source (NULL: not a fork), so that the forks of a session, which hold
+        # copies of its turns, can be found (before a purge of it, say).
+        ("forked_from", "uuid"),
     ),
     key=("session_id",),
     scope=("session_id",),
     scope_of=session_scope,
-    indexes=(("last_position",), ("status", "last_position")),
+    indexes=(("last_position",), ("status", "last_position"), ("forked_from", "last_position")),
 )
 
 
@@ -107,15 +111,19 @@ class PostgresSessionsView(PostgresReadModelView):
         last_turn_state: str | None = None,
         text: str = "",
         metadata: Sequence[tuple[str, list[Any]]] = (),
+        forked_from: UUID | None = None,
     ) -> list[Row]:
         """Sessions by latest activity (log position), newest first.
 
         ``text``: only those whose id or title starts with it (case-insensitive);
-        ``metadata``: only those whose metadata has, for each key, one of the values.
+        ``metadata``: only those whose metadata has, for each key, one of the values;
+        ``forked_from``: only the forks of that session.
         """
-        filters = {"status": status} if status else {}
+        filters: dict[str, Any] = {"status": status} if status else {}
         if last_turn_state:
             filters["last_turn_state"] = last_turn_state
+        if forked_from is not None:
+            filters["forked_from"] = forked_from
         if not text and not metadata:
             return self.select(
                 filters,
@@ -178,7 +186,7 @@ class SessionsProjection(Projection[ReadModelView]):
     @process_event.register
     def _(self, event: Session.Forked, tracking: Tracking) -> None:
         # A fork starts with the source's finished turns: it counts them, and shows the last.
-        row = _started(event, tracking)
+        row = {**_started(event, tracking), "forked_from": UUID(event.source_id)}
         if event.inherited_finished:
             last_id, last_state, _ = event.inherited_finished[-1]
             row.update(
@@ -283,6 +291,7 @@ def _started(event: Session.Started, tracking: Tracking) -> Row:
         "last_position": tracking.notification_id,
         "version": event.originator_version,
         "metadata": dict(event.metadata),
+        "forked_from": None,
     }
 
 

@@ -156,14 +156,16 @@ class AsyncClient:
         min_position: int | None = None,
         search: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> Page[SessionRow]:
         """One page of the sessions read model; pass ``next_cursor`` back for the next.
 
         ``search``: sessions whose id or title starts with it; ``metadata``: whose
-        metadata holds every one of these values (``?metadata.KEY=VALUE``).
+        metadata holds every one of these values (``?metadata.KEY=VALUE``);
+        ``forked_from``: the forks of that session.
         """
         return await self._send(
-            calls.list_sessions(status, limit, cursor, min_position, search, metadata)
+            calls.list_sessions(status, limit, cursor, min_position, search, metadata, forked_from)
         )
 
     async def iter_sessions(
@@ -174,6 +176,7 @@ class AsyncClient:
         min_position: int | None = None,
         search: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> AsyncIterator[SessionRow]:
         """Every session of the read model, page after page."""
         cursor: str | None = None
@@ -185,6 +188,7 @@ class AsyncClient:
                 min_position=min_position,
                 search=search,
                 metadata=metadata,
+                forked_from=forked_from,
             )
             for row in page.items:
                 yield row

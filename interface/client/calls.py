@@ -248,6 +248,7 @@ def list_sessions(
     min_position: int | None,
     search: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    forked_from: SessionRef | None = None,
 ) -> Call[Page[SessionRow]]:
     params: dict[str, Any] = {
         "status": status,
@@ -255,6 +256,7 @@ def list_sessions(
         "cursor": cursor,
         "min_position": min_position,
         "q": search,
+        "forked_from": None if forked_from is None else _sid(forked_from),
     }
     for key, value in (metadata or {}).items():
         text = value if isinstance(value, str) else json.dumps(value)

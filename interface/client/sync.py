@@ -155,14 +155,16 @@ class Client:
         min_position: int | None = None,
         search: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> Page[SessionRow]:
         """One page of the sessions read model; pass ``next_cursor`` back for the next.
 
         ``search``: sessions whose id or title starts with it; ``metadata``: whose
-        metadata holds every one of these values (``?metadata.KEY=VALUE``).
+        metadata holds every one of these values (``?metadata.KEY=VALUE``);
+        ``forked_from``: the forks of that session.
         """
         return self._send(
-            calls.list_sessions(status, limit, cursor, min_position, search, metadata)
+            calls.list_sessions(status, limit, cursor, min_position, search, metadata, forked_from)
         )
 
     def iter_sessions(
@@ -173,6 +175,7 @@ class Client:
         min_position: int | None = None,
         search: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> Iterator[SessionRow]:
         """Every session of the read model, page after page."""
         cursor: str | None = None
@@ -184,6 +187,7 @@ class Client:
                 min_position=min_position,
                 search=search,
                 metadata=metadata,
+                forked_from=forked_from,
             )
             yield from page.items
             if page.next_cursor is None:

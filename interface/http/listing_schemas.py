@@ -84,6 +84,7 @@ class SessionRow(BaseModel):
         None,
         description="Its metadata (null in rows folded before the column: a rebuild fills it).",
     )
+    forked_from: UUID | None = Field(None, description="A fork's source (null: not a fork).")
 
 
 class OpenTurnRow(BaseModel):

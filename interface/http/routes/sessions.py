@@ -193,6 +193,9 @@ async def list_sessions(
         str | None,
         Query(max_length=200, description="Only sessions whose id or title starts with this."),
     ] = None,
+    forked_from: Annotated[
+        UUID | None, Query(description="Only the forks of this session (made from it).")
+    ] = None,
 ) -> Page[SessionRow]:
     """List sessions from the sessions read model, most recent activity first.
 
@@ -201,7 +204,9 @@ async def list_sessions(
     starts with it (case-insensitive; at most 200 characters, else 422);
     `?metadata.KEY=VALUE` (repeatable, all must hold) those whose metadata has
     that value at that key (`5`, `true`, `null` also match the JSON number,
-    boolean or null). With `?min_position=N` (a `position` from a write) the
+    boolean or null); `?forked_from=ID` the forks of session ID, which hold
+    copies of its turns (a purge of ID does not reach them). With
+    `?min_position=N` (a `position` from a write) the
     answer waits up to 5 s until the read model has processed it, else 503
     `read_model_lagging` with Retry-After.
     """
@@ -212,7 +217,7 @@ async def list_sessions(
     ]
     await caught_up(state, read_models, min_position, "sessions")
     rows, next_cursor = await run_in_threadpool(
-        read_models.list_sessions, status, limit, cursor, None, q, metadata
+        read_models.list_sessions, status, limit, cursor, None, q, metadata, forked_from
     )
     return Page[SessionRow].model_validate({"items": rows, "next_cursor": next_cursor})
 
