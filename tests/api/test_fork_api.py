@@ -210,6 +210,18 @@ def test_fork_over_http_and_the_cli_and_what_it_refuses(
         "validation_error",
     )
     problem(api.post(f"/v1/sessions/{sid}/fork", json={}), 422, "validation_error")
+    for hostile in (
+        '{"version": 1, "title": "\\ud800"}',  # a lone surrogate
+        '{"version": 1, "metadata": {"k": "\\udfff"}}',
+        '{"version": 1e400}',
+        '{"version": 1.5}',
+    ):
+        refused = api.post(
+            f"/v1/sessions/{sid}/fork",
+            content=hostile,
+            headers={"Content-Type": "application/json"},
+        )
+        assert refused.status_code == 422, (hostile, refused.text)
     unknown = "00000000-0000-0000-0000-000000000001"
     problem(api.post(f"/v1/sessions/{unknown}/fork", json={"version": 1}), 404, "session_not_found")
 

@@ -88,6 +88,11 @@ def test_search_by_title_or_id_prefix_and_by_metadata_pages_with_the_lists_curso
     problem(full.get("/v1/sessions", params={"metadatas.team": "x"}), 422, "validation_error")
     long_key = {f"metadata.{'k' * 201}": "x"}
     problem(full.get("/v1/sessions", params=long_key), 422, "invalid_query")
+    problem(full.get("/v1/sessions", params={"q": "a\x00b"}), 422, "invalid_query")
+    problem(full.get("/v1/sessions", params={"metadata.team": "a\x00"}), 422, "invalid_query")
+    problem(full.get("/v1/sessions", params={"metadata.t\x00": "a"}), 422, "invalid_query")
+    nan = full.get("/v1/sessions", params={"metadata.tier": "NaN", "q": "1e400"})
+    assert nan.status_code == 200 and nan.json()["items"] == []  # texts, not numbers
 
     # A fork lists with the turns it carries.
     sid = ids[0]
