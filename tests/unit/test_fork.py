@@ -72,3 +72,15 @@ def test_a_fork_inside_an_open_turn_is_refused_naming_it(open_turn: str) -> None
         Session.fork(source, source, version=source.version, head=HEAD)
     assert refused.value.extra["turn_id"] == turn_id
     assert refused.value.extra["state"] == open_turn
+
+
+def test_a_closed_session_forks_into_an_open_one() -> None:
+    source = a_session()
+    a_completed_turn(source)
+    source.close("done", "ops")
+    source.collect_events()
+    fork = Session.fork(source, source, version=source.version, head="")
+    assert source.closed and not fork.closed and fork.status == "idle"
+    fork.collect_events()
+    _, created = fork.submit_turn("goes on")
+    assert created and fork.turn_count == 2
