@@ -180,6 +180,9 @@ def sessions_show(
         return
     title = escape(view["title"] or "(untitled)")
     out.print(f"[bold]{title}[/]  {view['session_id']}  status={view['status']}")
+    if view["forked_from"]:
+        source = view["forked_from"]
+        out.print(f"forked from {source['session_id']} at version {source['version']}")
     hidden = view["turn_count"] - len(view["turns"])
     if hidden:
         out.print(f"({hidden} earlier turns not shown; --all shows every turn)")

@@ -10,6 +10,7 @@ the source's stored events are not touched.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
@@ -247,6 +248,10 @@ def test_fork_over_http_and_the_cli_and_what_it_refuses(
     cli = turnlog(settings, "sessions", "fork", sid, "--version", str(latest), "--json")
     assert cli.returncode == 0, cli.stderr
     assert '"forked_from"' in cli.stdout
+    fork_id = json.loads(cli.stdout)["session_id"]
+    shown_cli = turnlog(settings, "sessions", "show", fork_id)
+    assert shown_cli.returncode == 0, shown_cli.stderr
+    assert f"forked from {sid} at version {latest}" in shown_cli.stdout
     refused_cli = turnlog(settings, "sessions", "fork", sid, "--version", str(inside))
     assert refused_cli.returncode == 3, refused_cli.stdout + refused_cli.stderr
     assert "fork_inside_turn" in refused_cli.stderr

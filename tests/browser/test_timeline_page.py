@@ -86,6 +86,9 @@ def test_fork_here_on_a_turns_last_event_opens_a_new_session_forked_there(
     expect(page).not_to_have_url(re.compile(f"/console/sessions/{sid}$"))
     fork_id = page.url.rsplit("/", 1)[-1]
     expect(page.locator(".session-head h1")).to_have_text("Fork me")
+    source = page.locator(".session-head .forked-from")
+    expect(source).to_contain_text(f"{sid} at version {version}")
+    expect(source.get_by_role("link")).to_have_attribute("href", f"/console/sessions/{sid}")
     shown = server.request("GET", f"/v1/sessions/{fork_id}").json()
     assert shown["forked_from"]["session_id"] == sid
     assert shown["forked_from"]["version"] == version
