@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID, uuid5
@@ -51,19 +51,36 @@ def start_session_once(
     sessions: Sessions, namespace: str, key: str, request: Mapping[str, Any], **fields: Any
 ) -> Started:
     """Create the session for ``key``, or return the one an identical request created."""
+    metadata = dict(fields.pop("metadata", {}))
+
+    def create(session_id: UUID, mark: dict[str, Any]) -> Written:
+        return sessions.create_session(
+            session_id=session_id, metadata={**metadata, **mark}, **fields
+        )
+
+    return start_once(sessions, namespace, key, request, create)
+
+
+def start_once(
+    sessions: Sessions,
+    namespace: str,
+    key: str,
+    request: Mapping[str, Any],
+    create: Callable[[UUID, dict[str, Any]], Written],
+) -> Started:
+    """Start the session for ``key`` with ``create(session_id, mark)``, or return the one
+    an identical request started; ``mark`` goes into the new session's metadata."""
     session_id = session_id_for(namespace, key)
     digest = fingerprint(request)
     for _ in (1, 2):
         found = _existing(sessions, session_id, key, digest)
         if found is not None:
             return found
-        metadata = {**fields.pop("metadata", {}), METADATA_KEY: {"key": key, "sha256": digest}}
         try:
-            written = sessions.create_session(session_id=session_id, metadata=metadata, **fields)
+            written = create(session_id, {METADATA_KEY: {"key": key, "sha256": digest}})
         except IntegrityError:
             # A concurrent request with the same key stored version 1 first:
             # compare with what it stored.
-            fields["metadata"] = {k: v for k, v in metadata.items() if k != METADATA_KEY}
             continue
         return Started(written, created=True)
     raise AssertionError("unreachable: version 1 exists after a conflict on it")

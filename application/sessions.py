@@ -37,6 +37,7 @@ from turnlog.domain.session import (
     deadline_after,
     replay_turns,
     retaining,
+    summarised_dropped,
 )
 from turnlog.domain.turns import FinishedEntry, FinishedTurn, Step, ToolCall, Turn
 
@@ -170,6 +171,8 @@ class Sessions(Application[UUID]):
             aggregate = cast(Any, event).mutate(aggregate)
             if isinstance(aggregate, Session) and not aggregate.retains_finished:
                 retaining(aggregate)
+                if isinstance(event, Session.Forked):
+                    event.inherit(aggregate)  # the turns a fork carries, in full
         if not isinstance(aggregate, Session):
             raise self.missing(session_id)
         return aggregate
@@ -232,7 +235,7 @@ class Sessions(Application[UUID]):
             if number > done:
                 if number - done <= len(open_turns):
                     page.append((session, open_turns[number - done - 1]))
-            else:
+            elif session.finished[number - 1].turn_id in by_id:  # else summarised before a fork
                 page.append((record, by_id[session.finished[number - 1].turn_id]))
         return session, page, (low + 1 if low > 0 else None)
 
@@ -243,7 +246,7 @@ class Sessions(Application[UUID]):
         range (never from a read model, which may lag).
         """
         first, last = self.window(session)
-        return next_request(session, self._earlier(session.id, first, last))
+        return next_request(session, self._earlier(session, first, last))
 
     def request_at(self, session_id: UUID, version: int) -> ModelRequest:
         """The request ``request_for`` builds from the session as it was at ``version``.
@@ -252,6 +255,13 @@ class Sessions(Application[UUID]):
         at or below it may serve), and the earlier turns it carries are read
         by version range, all at or below it: what the runtime would have
         sent to the provider then (for incident review). Never cached.
+        """
+        return next_request(*self.at_version(session_id, version))
+
+    def at_version(self, session_id: UUID, version: int) -> tuple[Session, Session]:
+        """The session rebuilt at ``version``, and the finished turns its next request carries.
+
+        A version the session never had is ``InvalidVersion`` (422).
         """
         latest = self.version_of(session_id)
         if latest == 0:
@@ -265,15 +275,16 @@ class Sessions(Application[UUID]):
             raise SessionNotFound(f"session {session_id} not found")
         self.complete_ranges(session)
         first, last = self.window(session)
-        return next_request(session, self.replay_range(session_id, first, last))
+        return session, summarised_dropped(session, self.replay_range(session_id, first, last))
 
-    def _earlier(self, session_id: UUID, first: int, last: int) -> Session:
+    def _earlier(self, session: Session, first: int, last: int) -> Session:
         """The finished turns in versions ``first..last``, rebuilt, kept per process.
 
         A finished turn never changes, so the turns rebuilt for one request
         serve the next: only the events after the last one read are fetched
         (the window moves forward, never back, unless it starts elsewhere).
         """
+        session_id = session.id
         hit = self.cache.take_earlier(session_id)
         if hit is not None and hit[0] == first and hit[1] <= last:
             earlier = hit[2]
@@ -287,7 +298,7 @@ class Sessions(Application[UUID]):
         else:
             earlier = self.replay_range(session_id, first, last)
         self.cache.put_earlier(session_id, first, last, earlier)
-        return earlier
+        return summarised_dropped(session, earlier)
 
     def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
         """After every commit of this process's writes: keep them, then tell the news."""
@@ -317,7 +328,7 @@ class Sessions(Application[UUID]):
         if ContextPolicy.of(session) is None:
             return None
         first, last = self.window(session)
-        earlier = self._earlier(session.id, first, last)
+        earlier = self._earlier(session, first, last)
         cover = turns_to_cover(session, earlier)
         if not cover:
             return None
@@ -347,7 +358,10 @@ class Sessions(Application[UUID]):
 
     def create_session(self, **fields: Any) -> Written:
         """Start a new session; ``fields`` are those of ``Session.start``."""
-        session = Session.start(**fields)
+        return self.save_new(Session.start(**fields))
+
+    def save_new(self, session: Session) -> Written:
+        """Save a session just begun (its first events), a lost commit settled."""
         pending = list(session.pending_events)
         position = lost_commits.save(self, session)
         self._tell_saved(session.id, pending)
@@ -454,7 +468,7 @@ class Sessions(Application[UUID]):
     def session_ids(self, limit: int = 1000) -> Sequence[UUID]:
         """Ids of sessions in order of creation (from the log, for tools and tests)."""
         notifications = self.recorder.select_notifications(
-            start=None, limit=limit, topics=[Session.Started.TOPIC]
+            start=None, limit=limit, topics=[Session.Started.TOPIC, Session.Forked.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
 

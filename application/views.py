@@ -113,6 +113,7 @@ def describe_session_summary(session: Session) -> dict[str, Any]:
         "turn_counts": counts,
         "last_turn": None if last is None else {"turn_id": last.turn_id, "state": str(last.state)},
         "open_turn": None if open_turn is None else describe_turn(session, open_turn),
+        "forked_from": session.forked_from,
         "queued_turns": [
             {
                 "turn_id": t.turn_id,

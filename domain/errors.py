@@ -24,7 +24,9 @@ exit code. The tree::
         ├── IdempotencyKeyReused
         ├── TurnFinished
         ├── CallNotProposed
-        └── QueueFull
+        ├── QueueFull
+        ├── ForkInsideTurn
+        └── ForkAtInterruptedTurn
 """
 
 from __future__ import annotations
@@ -179,3 +181,15 @@ class QueueFull(Conflict):
     """A follow-up turn was enqueued while the session already holds the most it may queue."""
 
     code = "queue_full"
+
+
+class ForkInsideTurn(Conflict):
+    """A fork names a version at which a turn was still queued, running or awaiting approval."""
+
+    code = "fork_inside_turn"
+
+
+class ForkAtInterruptedTurn(Conflict):
+    """A fork names a version at which a turn was interrupted (a call's outcome unknown)."""
+
+    code = "fork_at_interrupted_turn"

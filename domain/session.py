@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import field
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 from uuid import UUID, uuid4
@@ -107,6 +108,56 @@ class Session(Aggregate):
         approval_policy: str = "none"
         deadline_seconds: float = 0.0
 
+    class Forked(Started):
+        """A session begun from another at one of its versions (``Session.fork``).
+
+        Names the source, the version and the source's chain head there (the
+        hex hash of its event at that version; "" for a stream stored before
+        the chain). Besides the source's settings it carries what the fork's
+        requests need: the context summary in force, an entry for every turn
+        finished by then, and the turns the next request carries (those after
+        the summary) in full, with their calls. The fork never reads the
+        source again.
+        """
+
+        TOPIC = "turnlog.session.SessionForked.v1"
+        # Defaults only because the fields of Started before them have some.
+        source_id: str = ""
+        source_version: int = 0
+        source_head: str = ""
+        inherited_compaction: dict[str, Any] | None = None
+        # [turn id, state, call ids] of every turn finished at the version, in order.
+        inherited_finished: list[list[Any]] = field(default_factory=list)
+        inherited_turns: list[Turn] = field(default_factory=list)
+        inherited_calls: list[ToolCall] = field(default_factory=list)
+
+        def apply(self, aggregate: Any) -> None:
+            s: Session = aggregate
+            version = self.originator_version
+            s.forked_from = {
+                "session_id": self.source_id,
+                "version": self.source_version,
+                "head": self.source_head,
+            }
+            if self.inherited_compaction is not None:
+                s.compaction = {
+                    **self.inherited_compaction,
+                    "through_version": version,
+                    "version": version,
+                }
+            for turn_id, state, call_ids in self.inherited_finished:
+                s.finished.append(FinishedEntry(turn_id, state, version, version, list(call_ids)))
+                s.counts[state] = s.counts.get(state, 0) + 1
+            if s.retains_finished:
+                self.inherit(s)
+
+        def inherit(self, session: Session) -> None:
+            """Give a retaining session the inherited turns in full (copies)."""
+            for turn in self.inherited_turns:
+                session.turns.append(copy.deepcopy(turn))
+            for call in self.inherited_calls:
+                session.calls[call.call_id] = copy.deepcopy(call)
+
     # Also the value of a session restored from a snapshot taken before the field.
     tools_chosen = False
     # Likewise the context policy, and the latest compaction (None: none yet):
@@ -114,6 +165,8 @@ class Session(Aggregate):
     context_max_turns = 0
     context_max_chars = 0
     compaction: dict[str, Any] | None = None
+    # A fork's source: {"session_id", "version", "head"} (None: not a fork).
+    forked_from: dict[str, Any] | None = None
     approval_policy = "none"
     deadline_seconds = 0.0
 
@@ -228,6 +281,75 @@ class Session(Aggregate):
             context_max_chars=context_max_chars or 0,
             approval_policy=approval_policy,
             deadline_seconds=float(deadline_seconds or 0.0),
+        )
+
+    @classmethod
+    def fork(
+        cls,
+        source: Session,
+        earlier: Session,
+        *,
+        version: int,
+        head: str,
+        title: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        created_by: str = "",
+        session_id: UUID | None = None,
+    ) -> Session:
+        """A new session that goes on from ``source`` as it was at ``version``.
+
+        ``source`` is the session rebuilt at that version, ``earlier`` the
+        finished turns its next request carries (as ``Sessions.window``
+        gives them), ``head`` the source's chain head there. Refused while a
+        turn was open at that version: its outcome was not known yet.
+        """
+        for turn in source.turns:
+            if turn.state is TurnState.INTERRUPTED:
+                raise errors.ForkAtInterruptedTurn(
+                    f"at version {version} turn {turn.turn_id} of session {source.id} is"
+                    " interrupted: a call's outcome is unknown there",
+                    turn_id=turn.turn_id,
+                    state=str(turn.state),
+                )
+            if turn.state.is_open:
+                raise errors.ForkInsideTurn(
+                    f"version {version} of session {source.id} is inside turn {turn.turn_id}"
+                    f" ({turn.state} there); fork at a version between turns",
+                    turn_id=turn.turn_id,
+                    state=str(turn.state),
+                )
+        new_title = source.title if title is None else title
+        new_metadata = dict(source.metadata if metadata is None else metadata)
+        check_storable((new_title, new_metadata, created_by), "the fork's settings")
+        turns = [copy.deepcopy(t) for t in earlier.turns if not t.state.is_open]
+        for turn in turns:
+            turn.first_version = 1
+        calls = [copy.deepcopy(earlier.calls[c]) for t in turns for c in t.call_ids]
+        compaction = None
+        if source.compaction is not None:
+            compaction = {k: source.compaction[k] for k in ("summary", "turns", "last_turn_id")}
+        return cls._create(
+            cls.Forked,
+            id=session_id or uuid4(),
+            title=new_title,
+            system_prompt=source.system_prompt,
+            provider=source.provider,
+            model=source.model,
+            tools=list(source.tools),
+            metadata=new_metadata,
+            created_by=created_by,
+            tools_chosen=source.tools_chosen,
+            context_max_turns=source.context_max_turns,
+            context_max_chars=source.context_max_chars,
+            approval_policy=source.approval_policy,
+            deadline_seconds=source.deadline_seconds,
+            source_id=str(source.id),
+            source_version=version,
+            source_head=head,
+            inherited_compaction=compaction,
+            inherited_finished=[[e.turn_id, e.state, list(e.call_ids)] for e in source.finished],
+            inherited_turns=turns,
+            inherited_calls=calls,
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Session:
@@ -1005,6 +1127,9 @@ def replay_turns(session_id: UUID, events: Iterable[Any]) -> Session:
     retaining(scratch)
     known: set[str] = set()
     for event in events:
+        if isinstance(event, Session.Forked):
+            event.inherit(scratch)  # the turns a fork carries from its source
+            continue
         if isinstance(event, Session.Started):
             continue
         turn_id = getattr(event, "turn_id", None)
@@ -1016,6 +1141,25 @@ def replay_turns(session_id: UUID, events: Iterable[Any]) -> Session:
             continue
         event.apply(scratch)
     return scratch
+
+
+def summarised_dropped(session: Session, earlier: Session) -> Session:
+    """``earlier`` without the turns a fork inherited that a summary now covers.
+
+    A fork's inherited turns all sit at its first version, so a range read
+    that includes it rebuilds every one of them, even those a summary written
+    on the fork has since replaced; the turns of a session's own stream drop
+    out of the range by their versions instead. Other sessions: ``earlier``.
+    """
+    if session.forked_from is None or not session.compacted_turns:
+        return earlier
+    summarised = {e.turn_id for e in session.finished[: session.compacted_turns]}
+    if not any(t.turn_id in summarised for t in earlier.turns):
+        return earlier
+    kept = Session.__new__(Session)
+    kept.__dict__.update(earlier.__dict__)
+    kept.turns = [t for t in earlier.turns if t.turn_id not in summarised]
+    return kept
 
 
 def retaining(session: Session) -> Session:

@@ -9,6 +9,7 @@ from uuid import UUID
 import typer
 from rich.markup import escape
 
+from turnlog.application.forks import fork_session
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import split_names
 from turnlog.application.tools.port import default_tools
@@ -179,6 +180,9 @@ def sessions_show(
         return
     title = escape(view["title"] or "(untitled)")
     out.print(f"[bold]{title}[/]  {view['session_id']}  status={view['status']}")
+    if view["forked_from"]:
+        source = view["forked_from"]
+        out.print(f"forked from {source['session_id']} at version {source['version']}")
     hidden = view["turn_count"] - len(view["turns"])
     if hidden:
         out.print(f"({hidden} earlier turns not shown; --all shows every turn)")
@@ -228,6 +232,52 @@ def sessions_request(
         out.print("\n".join(lines), markup=False)
 
 
+@sessions_app.command("fork")
+def sessions_fork(
+    ctx: typer.Context,
+    session_id: Annotated[str, typer.Argument(help="The session to fork.")],
+    version: Annotated[
+        int, typer.Option("--version", help="Its version to fork at (between turns).")
+    ],
+    title: Annotated[
+        str | None, typer.Option(help="The fork's title (default: the source's).")
+    ] = None,
+    metadata: Annotated[
+        str | None,
+        typer.Option(help="The fork's metadata as a JSON object (default: the source's)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the new session as JSON.")] = False,
+) -> None:
+    """Start a new session from another as it was at --version, and print its id.
+
+    Its next model request is the source's at that version (``sessions request``);
+    the source is only read. A version inside an unfinished turn exits 3.
+    """
+    sid = parse_uuid(session_id)
+    fields: dict[str, Any] | None = None
+    if metadata is not None:
+        try:
+            fields = json.loads(metadata)
+        except ValueError:
+            fail(2, "--metadata is not JSON")
+        if not isinstance(fields, dict):
+            fail(2, "--metadata must be a JSON object")
+        if any(str(k).startswith("turnlog.") for k in fields):
+            fail(2, "metadata keys starting with 'turnlog.' are reserved")
+
+    def forked(rt: Runtime) -> dict[str, Any]:
+        written = fork_session(
+            rt.sessions, sid, version, title=title, metadata=fields, created_by=default_actor()
+        )
+        return describe_session_summary(rt.sessions.get_session(written.session_id))
+
+    view = run(ctx, forked)
+    if as_json:
+        typer.echo(json.dumps(view))
+        return
+    out.print(str(view["session_id"]))
+
+
 def probe_line(probe: dict[str, Any]) -> str:
     """One probe run of a call, as ``sessions show`` prints it."""
     note = f": {probe['note']}" if probe["note"] else ""
@@ -257,8 +307,29 @@ def sessions_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="How many.")] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    search: Annotated[
+        str | None,
+        typer.Option(help="Only sessions whose id or title starts with this (read model)."),
+    ] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE its metadata must hold (repeatable; read model)."),
+    ] = None,
+    cursor: Annotated[
+        str | None, typer.Option(help="Go on from a search's printed next cursor.")
+    ] = None,
+    forked_from: Annotated[
+        str | None, typer.Option(help="Only the forks of this session (read model).")
+    ] = None,
 ) -> None:
-    """List sessions in the order they were created."""
+    """List sessions in the order they were created.
+
+    With --search, --metadata or --forked-from: the matching sessions from the
+    sessions read model, most recent activity first, a page of --limit (at most 500).
+    """
+    if search is not None or metadata or cursor is not None or forked_from is not None:
+        _search(ctx, search, metadata or [], cursor, min(limit, 500), as_json, forked_from)
+        return
 
     def listing(rt: Runtime) -> list[dict[str, Any]]:
         rows = []
@@ -277,3 +348,38 @@ def sessions_list(
     for row in rows:
         table.add_row(row["id"], escape(row["title"]), row["status"], str(row["turns"]))
     print_table(table)
+
+
+def _search(
+    ctx: typer.Context,
+    search: str | None,
+    metadata: list[str],
+    cursor: str | None,
+    limit: int,
+    as_json: bool,
+    forked_from: str | None = None,
+) -> None:
+    from turnlog.interface.cli_read import _with_read_models
+
+    pairs: list[tuple[str, str]] = []
+    for item in metadata:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(2, f"--metadata takes KEY=VALUE, not {item!r}")
+        pairs.append((key, value))
+    rows, following = _with_read_models(
+        ctx,
+        lambda rt, models: models.list_sessions(
+            limit=limit, cursor=cursor, search=search, metadata=pairs, forked_from=forked_from
+        ),
+    )
+    if as_json:
+        typer.echo(json.dumps({"items": rows, "next_cursor": following}))
+        return
+    table = id_table("session", "title", "status", "turns")
+    for row in rows:
+        title = escape(row["title"] or "")
+        table.add_row(row["session_id"], title, row["status"], str(row["turn_count"]))
+    print_table(table)
+    if following:
+        err.print(f"more: --cursor {following}", markup=False)

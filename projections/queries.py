@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,8 @@ from turnlog.projections.status import projection_status
 MAX_LIMIT = 500
 LAST_TURN_STATES = ("queued", "running", "interrupted", "completed", "failed", "abandoned")
 MAX_CURSOR_CHARS = 512
+MAX_SEARCH_CHARS = 200  # of a session search's text, and of a metadata filter's key or value
+MAX_METADATA_FILTERS = 20
 WAIT_POLL_SECONDS = 0.02
 
 Page = tuple[list[dict[str, Any]], str | None]
@@ -65,15 +68,24 @@ class ReadModels:
         limit: int = 50,
         cursor: str | None = None,
         last_turn_state: str | None = None,
+        search: str | None = None,
+        metadata: Sequence[tuple[str, str]] = (),
+        forked_from: str | UUID | None = None,
     ) -> Page:
         """Sessions, newest activity first; ``status``: idle, busy, blocked or closed;
-        ``last_turn_state``: how (or whether) their last turn ended, e.g. failed."""
+        ``last_turn_state``: how (or whether) their last turn ended, e.g. failed;
+        ``search``: whose id or title starts with it (case-insensitive, at most 200
+        characters); ``metadata``: (key, value) pairs its metadata must all hold;
+        ``forked_from``: only the forks of that session (which hold copies of its turns)."""
         _check_choice("status", status, sessions_view.STATUSES)
         _check_choice("last_turn_state", last_turn_state, LAST_TURN_STATES)
         limit = _check_limit(limit)
+        text = _check_search(search)
+        wanted = _metadata_filters(metadata)
+        source = _check_uuid(forked_from, "forked_from") if forked_from else None
         after = decode_cursor(cursor, "sessions", (int,))
         rows = self._sessions.list_sessions(
-            status, limit + 1, after[0] if after else None, last_turn_state
+            status, limit + 1, after[0] if after else None, last_turn_state, text, wanted, source
         )
         return _page(rows, limit, "sessions", lambda r: (r["last_position"],))
 
@@ -234,10 +246,43 @@ def _check_text(what: str, value: str) -> str:
     return value
 
 
-def _check_uuid(value: str | UUID) -> UUID:
+def _check_uuid(value: str | UUID, what: str = "session_id") -> UUID:
     if isinstance(value, UUID):
         return value
     try:
         return UUID(str(value))
     except ValueError:
-        raise InvalidQuery(f"session_id {value!r} is not a valid id") from None
+        raise InvalidQuery(f"{what} {value!r} is not a valid id") from None
+
+
+def _check_search(search: str | None) -> str:
+    text = _check_text("search", (search or "").strip())
+    if len(text) > MAX_SEARCH_CHARS:
+        raise InvalidQuery(f"search must be at most {MAX_SEARCH_CHARS} characters")
+    return text
+
+
+def _metadata_filters(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, list[Any]]]:
+    """Each (key, value) filter with the JSON values it matches: the text, and the number,
+    boolean or null it spells (``n=5`` finds ``{"n": 5}`` and ``{"n": "5"}``)."""
+    if len(pairs) > MAX_METADATA_FILTERS:
+        raise InvalidQuery(f"at most {MAX_METADATA_FILTERS} metadata filters")
+    found: list[tuple[str, list[Any]]] = []
+    for key, value in pairs:
+        _check_text("a metadata key", key)
+        _check_text("a metadata value", value)
+        if not key or len(key) > MAX_SEARCH_CHARS or len(value) > MAX_SEARCH_CHARS:
+            raise InvalidQuery(
+                f"a metadata filter's key must be 1 to {MAX_SEARCH_CHARS} characters and its"
+                f" value at most {MAX_SEARCH_CHARS}"
+            )
+        values: list[Any] = [value]
+        try:
+            spelled = json.loads(value)
+        except ValueError:
+            spelled = value
+        finite = not isinstance(spelled, float) or math.isfinite(spelled)
+        if (spelled is None or isinstance(spelled, bool | int | float)) and finite:
+            values.append(spelled)
+        found.append((key, values))
+    return found

@@ -119,11 +119,17 @@ class Rows:
 
 
 def storable(value: Any) -> Any:
-    """``value`` as a PostgreSQL text (or text[]) column can hold it: NUL replaced."""
+    """``value`` as a PostgreSQL text, text[] or jsonb column can hold it: NUL replaced.
+
+    jsonb refuses ``\\u0000`` in any string, keys included, so a dict (a
+    session's metadata) is made storable all the way down.
+    """
     if isinstance(value, str):
         return value.replace("\x00", NUL_REPLACEMENT) if "\x00" in value else value
     if isinstance(value, list):
         return [storable(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
     return value
 
 

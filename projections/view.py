@@ -27,6 +27,7 @@ from eventsourcing.postgres import PostgresDatastore, PostgresTrackingRecorder
 from eventsourcing.projection import Projection
 from psycopg import Connection, Cursor, sql
 from psycopg.rows import DictRow
+from psycopg.types.json import Jsonb
 
 from turnlog.application.errors import ProjectionConflict
 from turnlog.application.store import logorder
@@ -312,7 +313,7 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
         upserts, deletes = rows.pending()
         if upserts:
             names = self.table.names
-            curs.executemany(self._upsert, [tuple(r[n] for n in names) for r in upserts])
+            curs.executemany(self._upsert, [tuple(_param(r[n]) for n in names) for r in upserts])
         if deletes:
             curs.executemany(self._delete, deletes)
         rows.clear_pending()
@@ -418,6 +419,11 @@ class PostgresReadModelView(PostgresTrackingRecorder, ReadModelView):
                 sql.SQL("ALTER TABLE {} ADD COLUMN xact_id xid8;").format(tracking),
             )
         )
+
+
+def _param(value: Any) -> Any:
+    """A row's value as a statement parameter: a dict is a jsonb column's."""
+    return Jsonb(value) if isinstance(value, dict) else value
 
 
 def _place(found: Any) -> Place:

@@ -16,6 +16,7 @@ horizon instead (``application.store.logorder``; docs/log-order.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -151,8 +152,16 @@ class History:
             type=event_type(stored.topic),
             topic=stored.topic,
             timestamp=event.timestamp,
-            payload=json.loads(json.dumps(fields, default=str)),
+            payload=json.loads(json.dumps(fields, default=_plain)),
         )
+
+
+def _plain(value: Any) -> Any:
+    """A value of an event's payload as JSON: a state dataclass (the turns and calls a
+    fork carries) as its fields, anything else (timestamps) as its text."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    return str(value)
 
 
 def event_type(topic: str) -> str:

@@ -56,3 +56,16 @@ def rows_of_topics(recorder: Any, session_id: UUID, topics: list[str]) -> list[A
     with recorder.datastore.transaction(commit=False) as curs:
         curs.execute(statement, (session_id, topics))
         return list(curs.fetchall())
+
+
+def hash_at(recorder: Any, session_id: UUID, version: int) -> str:
+    """The chained hash of a stream's event at ``version``, in hex ("" when unchained or none)."""
+    if not on_postgres(recorder):
+        return ""  # in-memory persistence (unit tests): no chain
+    statement = sql.SQL(
+        "SELECT encode(hash, 'hex') AS hash FROM {} WHERE originator_id = %s"
+        " AND originator_version = %s"
+    ).format(_table(recorder))
+    with recorder.datastore.get_connection() as conn:
+        row = conn.execute(statement, (session_id, version)).fetchone()
+    return str(row["hash"]) if row and row["hash"] else ""

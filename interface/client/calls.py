@@ -59,6 +59,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/sessions"): "list_sessions",
     ("GET", "/v1/sessions/{session_id}"): "get_session",
     ("POST", "/v1/sessions/{session_id}/close"): "close_session",
+    ("POST", "/v1/sessions/{session_id}/fork"): "fork_session",
     ("POST", "/v1/sessions/{session_id}/purge"): "purge_session",
     ("GET", "/v1/sessions/{session_id}/turns"): "list_turns",
     ("POST", "/v1/sessions/{session_id}/turns"): "submit_turn",
@@ -241,9 +242,25 @@ def create_session(
 
 
 def list_sessions(
-    status: str | None, limit: int, cursor: str | None, min_position: int | None
+    status: str | None,
+    limit: int,
+    cursor: str | None,
+    min_position: int | None,
+    search: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    forked_from: SessionRef | None = None,
 ) -> Call[Page[SessionRow]]:
-    params = {"status": status, "limit": limit, "cursor": cursor, "min_position": min_position}
+    params: dict[str, Any] = {
+        "status": status,
+        "limit": limit,
+        "cursor": cursor,
+        "min_position": min_position,
+        "q": search,
+        "forked_from": None if forked_from is None else _sid(forked_from),
+    }
+    for key, value in (metadata or {}).items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        params[f"metadata.{key}"] = text
     return Call("GET", "/v1/sessions", Page[SessionRow], params=params, safe=True)
 
 
@@ -254,6 +271,29 @@ def get_session(session_id: SessionRef) -> Call[Session]:
 def close_session(session_id: SessionRef, actor: str, reason: str) -> Call[SessionWritten]:
     body = {"actor": actor, "reason": reason}
     return Call("POST", f"/v1/sessions/{_sid(session_id)}/close", SessionWritten, body=body)
+
+
+def fork_session(
+    session_id: SessionRef,
+    version: int,
+    title: str | None,
+    metadata: Mapping[str, Any] | None,
+    created_by: str,
+    idempotency_key: str | None = None,
+) -> Call[SessionWritten]:
+    body: dict[str, Any] = {"version": version, "created_by": created_by}
+    if title is not None:
+        body["title"] = title
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    return Call(
+        "POST",
+        f"/v1/sessions/{_sid(session_id)}/fork",
+        SessionWritten,
+        body=body,
+        headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex},
+        safe=True,
+    )
 
 
 def purge_session(session_id: SessionRef, actor: str, reason: str) -> Call[PurgeRecord]:

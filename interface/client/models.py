@@ -153,6 +153,14 @@ class LastTurn(Model):
     state: TurnState
 
 
+class ForkedFrom(Model):
+    """A fork's source: its id, the version forked at, its chain head there (hex; '' unchained)."""
+
+    session_id: UUID
+    version: int
+    head: str
+
+
 class Session(Model):
     """A session rebuilt from its events: settings, status, turn counts, the open turn.
 
@@ -184,6 +192,9 @@ class Session(Model):
     )
     approval_policy: str = "none"
     deadline_seconds: float | None = Field(None, description="Default deadline of its turns.")
+    forked_from: ForkedFrom | None = Field(
+        None, description="The session and version it was forked from (null: not a fork)."
+    )
 
 
 class QueuedTurn(Model):
@@ -265,6 +276,11 @@ class SessionRow(Model):
     last_activity_at: datetime | None
     last_position: int
     version: int
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="Its metadata (null in rows folded before the column: a rebuild fills it).",
+    )
+    forked_from: UUID | None = Field(None, description="A fork's source (null: not a fork).")
 
 
 class OpenTurnRow(Model):
@@ -436,6 +452,7 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     ToolCall: "ToolCallOut",
     Turn: "TurnOut",
     Session: "SessionOut",
+    ForkedFrom: "ForkedFromOut",
     SessionWritten: "SessionWritten",
     TurnWritten: "TurnWritten",
     CancelWritten: "CancelWritten",

@@ -153,9 +153,19 @@ class Client:
         limit: int = 50,
         cursor: str | None = None,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> Page[SessionRow]:
-        """One page of the sessions read model; pass ``next_cursor`` back for the next."""
-        return self._send(calls.list_sessions(status, limit, cursor, min_position))
+        """One page of the sessions read model; pass ``next_cursor`` back for the next.
+
+        ``search``: sessions whose id or title starts with it; ``metadata``: whose
+        metadata holds every one of these values (``?metadata.KEY=VALUE``);
+        ``forked_from``: the forks of that session.
+        """
+        return self._send(
+            calls.list_sessions(status, limit, cursor, min_position, search, metadata, forked_from)
+        )
 
     def iter_sessions(
         self,
@@ -163,12 +173,21 @@ class Client:
         status: SessionStatus | None = None,
         page_size: int = 100,
         min_position: int | None = None,
+        search: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        forked_from: SessionRef | None = None,
     ) -> Iterator[SessionRow]:
         """Every session of the read model, page after page."""
         cursor: str | None = None
         while True:
             page = self.list_sessions(
-                status=status, limit=page_size, cursor=cursor, min_position=min_position
+                status=status,
+                limit=page_size,
+                cursor=cursor,
+                min_position=min_position,
+                search=search,
+                metadata=metadata,
+                forked_from=forked_from,
             )
             yield from page.items
             if page.next_cursor is None:
@@ -184,6 +203,26 @@ class Client:
     ) -> SessionWritten:
         """Close a session: it takes no more turns."""
         return self._send(calls.close_session(session_id, actor, reason))
+
+    def fork_session(
+        self,
+        session_id: SessionRef,
+        *,
+        version: int,
+        title: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        created_by: str = "",
+        idempotency_key: str | None = None,
+    ) -> SessionWritten:
+        """A new session going on from this one as it was at ``version`` (between turns).
+
+        Its next model request is the source's at that version; omitted title
+        and metadata are the source's. Sent with an ``Idempotency-Key`` (generated
+        unless given), so a lost answer is retried and finds the same fork.
+        """
+        return self._send(
+            calls.fork_session(session_id, version, title, metadata, created_by, idempotency_key)
+        )
 
     def purge_session(self, session_id: SessionRef, *, actor: str, reason: str) -> PurgeRecord:
         """Purge a session: its events go, a record stays; then it answers 410."""

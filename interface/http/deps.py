@@ -99,6 +99,8 @@ async def database_fails_fast() -> None:
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}
+# Query parameters a route takes by prefix (``?metadata.team=a``), by route path.
+QUERY_PREFIXES: dict[str, tuple[str, ...]] = {"/v1/sessions": ("metadata.",)}
 
 
 async def known_query_only(request: Request) -> None:
@@ -110,7 +112,12 @@ async def known_query_only(request: Request) -> None:
     allowed = _QUERY_NAMES.get(id(route))
     if allowed is None:
         allowed = _QUERY_NAMES[id(route)] = frozenset(_query_names(dependant))
-    unknown = sorted(set(request.query_params) - allowed)
+    prefixes = QUERY_PREFIXES.get(getattr(route, "path", ""), ())
+    unknown = sorted(
+        name
+        for name in set(request.query_params) - allowed
+        if not any(name.startswith(p) and len(name) > len(p) for p in prefixes)
+    )
     if unknown:
         raise InvalidRequest(
             f"unknown query parameters: {', '.join(unknown)}", unknown_parameters=unknown

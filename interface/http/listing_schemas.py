@@ -8,7 +8,7 @@ are listed with where each stands.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -80,6 +80,11 @@ class SessionRow(BaseModel):
     last_activity_at: datetime | None
     last_position: int
     version: int
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="Its metadata (null in rows folded before the column: a rebuild fills it).",
+    )
+    forked_from: UUID | None = Field(None, description="A fork's source (null: not a fork).")
 
 
 class OpenTurnRow(BaseModel):

@@ -150,6 +150,20 @@ class ResolveToolCallRequest(Strict):
     actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
 
 
+class ForkSessionRequest(Strict):
+    """A new session that goes on from this one as it was at ``version``."""
+
+    version: int = Field(
+        description="The source's version to fork at: between turns (1 to its latest)."
+    )
+    title: str | None = Field(None, max_length=500, description="Omitted: the source's title.")
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="Omitted: the source's metadata. Keys starting with 'turnlog.' are reserved.",
+    )
+    created_by: str = Field("", max_length=200, description="Who asked for the fork.")
+
+
 class CloseSessionRequest(Strict):
     """Close a session: it takes no more turns."""
 
@@ -261,6 +275,14 @@ class LastTurnOut(BaseModel):
     state: TurnStateName
 
 
+class ForkedFromOut(BaseModel):
+    """A fork's source: its id, the version forked at, its chain head there (hex; '' unchained)."""
+
+    session_id: UUID
+    version: int
+    head: str
+
+
 class SessionOut(BaseModel):
     """A session rebuilt from its events: settings, status, turn counts, the open turn.
 
@@ -293,6 +315,9 @@ class SessionOut(BaseModel):
     )
     approval_policy: str = "none"
     deadline_seconds: float | None = Field(None, description="Default deadline of its turns.")
+    forked_from: ForkedFromOut | None = Field(
+        None, description="The session and version it was forked from (null: not a fork)."
+    )
 
 
 class QueuedTurnOut(BaseModel):

@@ -162,3 +162,26 @@ def test_streams_over_the_limit_are_refused_with_503_until_one_closes(
                 return again.status_code == 200
 
         eventually(reopened, deadline=10, every=0.2)
+
+
+def test_a_forks_first_event_shows_the_turns_it_carries_as_data(
+    api: TestClient, runtime: Runtime
+) -> None:
+    sid = new_session(api, title="source", tools=["echo"])
+    api.post(f"/v1/sessions/{sid}/turns", json={"message": '/tool echo {"text": "hi"}'})
+    run_queued_turn(runtime, sid)
+    latest = api.get(f"/v1/sessions/{sid}").json()["version"]
+    fork = api.post(f"/v1/sessions/{sid}/fork", json={"version": latest}).json()["session_id"]
+
+    [first] = api.get(f"/v1/sessions/{fork}/events").json()["events"]
+
+    assert first["type"] == "SessionForked"
+    [turn] = first["payload"]["inherited_turns"]  # fields, not a Python repr
+    assert turn["message"] == '/tool echo {"text": "hi"}' and turn["state"] == "completed"
+    assert turn["steps"][0]["call_ids"] and turn["submitted_at"]
+    [call] = first["payload"]["inherited_calls"]
+    assert (call["name"], call["state"], call["arguments"]) == (
+        "echo",
+        "succeeded",
+        {"text": "hi"},
+    )

@@ -129,6 +129,7 @@ BODIES = {
     "/approve": {"actor": "ops"},
     "/reject": {"actor": "ops", "reason": "r"},
     "/purge": PURGE,
+    "/fork": {"version": 1},
 }
 
 

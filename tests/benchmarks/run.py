@@ -31,6 +31,7 @@ from tests.benchmarks import (  # noqa: E402
     bench_long_sessions,
     bench_mcp,
     bench_sandbox,
+    bench_search,
     bench_throughput,
     bench_waits,
     roundtrips,
@@ -65,6 +66,7 @@ FIGURES: dict[int, tuple[str, FigureFn]] = {
     12: ("commits and transactions per HTTP turn", roundtrips.figure_12),
     13: ("a trivial command call, sandboxed vs unconfined", bench_sandbox.figure_13),
     14: ("an MCP call after the first", bench_mcp.figure_14),
+    15: ("search 100,000 sessions", bench_search.figure_15),
 }
 
 

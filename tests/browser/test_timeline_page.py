@@ -62,8 +62,37 @@ def test_a_timeline_shows_each_turn_with_its_steps_tool_calls_and_reply(
         "TurnCompleted",
     ]
     header = turn.locator("details.raw thead th")
-    expect(header).to_have_text(["Position", "Version", "Type", "Time", "Payload"])
+    expect(header).to_have_text(["Position", "Version", "Type", "Time", "Payload", "Fork"])
     expect(turn.locator("details.raw tbody tr").nth(3)).to_contain_text('"call_id"')
+
+
+def test_fork_here_on_a_turns_last_event_opens_a_new_session_forked_there(
+    page: Page, server: Server
+) -> None:
+    sid = server.new_session("Fork me")
+    first = server.submit(sid, "the first question", wait=30)
+    assert first["state"] == "completed"
+    page.goto(f"{server.url}/console/sessions/{sid}")
+    turn = page.locator(f"#turn-{first['turn_id']}")
+    turn.get_by_text("Raw events of turn 1").click()
+    expect(turn.locator("details.raw tr[data-type=TurnCompleted]")).to_have_count(1)
+    # Only the events between turns offer it: none inside the turn.
+    expect(turn.locator("button.fork-here")).to_have_count(1)
+    completed = turn.locator("details.raw tr[data-type=TurnCompleted]")
+    version = int(completed.locator("td.num").nth(1).inner_text())
+
+    completed.get_by_role("button", name="Fork here").click()
+
+    expect(page).not_to_have_url(re.compile(f"/console/sessions/{sid}$"))
+    fork_id = page.url.rsplit("/", 1)[-1]
+    expect(page.locator(".session-head h1")).to_have_text("Fork me")
+    source = page.locator(".session-head .forked-from")
+    expect(source).to_contain_text(f"{sid} at version {version}")
+    expect(source.get_by_role("link")).to_have_attribute("href", f"/console/sessions/{sid}")
+    shown = server.request("GET", f"/v1/sessions/{fork_id}").json()
+    assert shown["forked_from"]["session_id"] == sid
+    assert shown["forked_from"]["version"] == version
+    assert shown["turn_count"] == 1
 
 
 def test_a_running_turn_appears_live_without_a_reload(page: Page, server: Server) -> None:

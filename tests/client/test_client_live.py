@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -152,6 +153,47 @@ def test_refusals_reach_the_client_as_typed_errors_with_their_codes(
             with pytest.raises(turnlog.ApiError) as caught:
                 client.submit_turn(sid, "after close")
             assert caught.value.code == "session_closed"
+
+
+def test_fork_and_search_through_both_clients(settings: Settings, tmp_path: Path) -> None:
+    with serve(settings, tmp_path / "serve.log") as (_, url):
+        with turnlog.Client(url, token=TOKEN) as client:
+            sid = client.create_session("Triage", metadata={"team": "ops", "tier": 2}).session_id
+            turn = client.submit_turn(sid, "hello", wait=30)
+            assert turn.state == "completed"
+            version = client.get_session(sid).version
+            fork = client.fork_session(
+                sid, version=version, title="Triage fork", idempotency_key="k"
+            )
+            again = client.fork_session(
+                sid, version=version, title="Triage fork", idempotency_key="k"
+            )
+            assert again.session_id == fork.session_id
+            assert fork.forked_from is not None and fork.forked_from.version == version
+            own = {k: v for k, v in fork.metadata.items() if not k.startswith("turnlog.")}
+            assert fork.turn_count == 1 and own == {"team": "ops", "tier": 2}
+            assert fork.metadata["turnlog.idempotency"]["key"] == "k"  # its own key's record
+            with pytest.raises(turnlog.ApiError) as caught:
+                client.fork_session(sid, version=version - 1)
+            assert caught.value.code == "fork_inside_turn"
+
+            def found() -> list[str]:
+                rows = client.iter_sessions(
+                    search="triage", metadata={"tier": 2}, page_size=1, min_position=fork.position
+                )
+                return [str(r.title) for r in rows]
+
+            assert eventually(lambda: found() == ["Triage fork", "Triage"], deadline=60)
+
+        async def with_aio() -> tuple[list[str], str]:
+            async with turnlog.AsyncClient(url, token=TOKEN) as aio:
+                page = await aio.list_sessions(search="triage f", metadata={"team": "ops"})
+                forked = await aio.fork_session(fork.session_id, version=1)
+                return [str(r.title) for r in page.items], str(forked.forked_from)
+
+        titles, source = asyncio.run(with_aio())
+        assert titles == ["Triage fork"]
+        assert str(fork.session_id) in source
 
 
 def test_a_web_server_that_is_not_turnlog_is_a_clear_error(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from turnlog.interface.http import create_app
 RENAMED = {
     "multitask": "enqueue",  # ?multitask=enqueue is the flag enqueue=True
     "context": "context_max_turns",  # {"context": {"max_turns", "max_chars"}}: two arguments
+    "q": "search",  # ?q= is the session search's text
 }
 # Sent by the client itself, not chosen per call.
 IMPLIED = {"Idempotency-Key", "Last-Event-ID", "Accept", "Authorization"}

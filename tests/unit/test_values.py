@@ -79,3 +79,10 @@ def test_rows_hold_texts_with_nul_replaced_and_find_them_by_the_original_key() -
     assert rows.update(("s", "c\x00"), tool="t") is not None
     rows.delete(("s", "c\x00"))
     assert rows.all() == [] and storable(5) == 5
+
+
+def test_a_dict_in_a_row_has_nul_replaced_in_its_keys_and_values_all_the_way_down() -> None:
+    """jsonb refuses NUL anywhere: a session's metadata with one once stopped its read model."""
+    meta = {"k\x00": ["a\x00", {"b": "c\x00"}], "n": 5, "fine": "x"}
+    assert storable(meta) == {"k\ufffd": ["a\ufffd", {"b": "c\ufffd"}], "n": 5, "fine": "x"}
+    assert meta["k\x00"] == ["a\x00", {"b": "c\x00"}]  # the event's own value is not changed

@@ -219,6 +219,9 @@
   function sessionPage() {
     const container = $("#data");
     const sessionId = container.dataset.sessionId;
+    const FORKABLE = new Set([
+      "SessionStarted", "SessionForked", "TurnCompleted", "TurnFailed", "TurnCancelled", "TurnAbandoned",
+    ]);
     const limit = new URLSearchParams(window.location.search).get("limit"); // page size
     // Events by version: those the live stream delivered, and the ranges read for raw panels.
     // The page never reads the whole session: the timeline shows one page of the latest
@@ -394,7 +397,8 @@
       table.className = "grid raw-events";
       table.innerHTML =
         "<thead><tr><th scope='col' class='num'>Position</th><th scope='col' class='num'>Version</th>" +
-        "<th scope='col'>Type</th><th scope='col'>Time</th><th scope='col'>Payload</th></tr></thead><tbody></tbody>";
+        "<th scope='col'>Type</th><th scope='col'>Time</th><th scope='col'>Payload</th>" +
+        "<th scope='col'><span class='visually-hidden'>Fork</span></th></tr></thead><tbody></tbody>";
       $("tbody", table).append(...mine.map(rawRow));
       body.replaceChildren(table);
     }
@@ -420,7 +424,44 @@
       const cell = document.createElement("td");
       cell.append(payload);
       row.append(cell);
+      const action = document.createElement("td");
+      if (FORKABLE.has(event.type)) {
+        // Between turns (the session's start, or a turn's last event): a fork may start here.
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = "fork-here";
+        button.dataset.version = String(event.version);
+        button.textContent = "Fork here";
+        button.title = `Start a new session from version ${event.version}`;
+        action.append(button);
+      }
+      row.append(action);
       return row;
+    }
+
+    async function forkAt(button) {
+      const version = Number(button.dataset.version);
+      button.disabled = true;
+      try {
+        const response = await request(`/v1/sessions/${sessionId}/fork`, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json" },
+          body: JSON.stringify({ version, created_by: "console" }),
+        });
+        if (!response.ok) {
+          const why = await problemDetail(response);
+          announce(`Cannot fork at version ${version}: ${why}`);
+          button.title = why;
+          return;
+        }
+        const fork = await response.json();
+        announce(`Forked at version ${version}; opening the new session.`);
+        window.location.assign(`/console/sessions/${fork.session_id}`);
+      } catch (failure) {
+        if (!(failure instanceof NeedsToken)) announce(`Cannot reach the server (${failure.message}).`);
+      } finally {
+        button.disabled = false;
+      }
     }
 
     // A reply while it streams: live pieces (delta frames, never stored) shown in a
@@ -710,6 +751,8 @@
     container.addEventListener("click", (event) => {
       const button = event.target.closest("button.load-earlier");
       if (button) loadEarlier(button);
+      const fork = event.target.closest("button.fork-here");
+      if (fork) forkAt(fork);
     });
     // Cancel is not a submit button, so that Enter in the name field confirms.
     $("#confirm-cancel").addEventListener("click", () => $("#confirm").close("cancel"));

@@ -1,14 +1,15 @@
-"""Sessions: create, list, show, close."""
+"""Sessions: create, fork, list, show, close."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from turnlog.application.idempotency import start_session_once
+from turnlog.application.forks import fork_session
+from turnlog.application.idempotency import start_once, start_session_once
 from turnlog.application.runtime import Runtime
 from turnlog.application.sessions import Written
 from turnlog.application.tools.port import default_tools
@@ -27,6 +28,7 @@ from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
     CloseSessionRequest,
     CreateSessionRequest,
+    ForkSessionRequest,
     ModelRequestOut,
     SessionOut,
     SessionWritten,
@@ -77,6 +79,64 @@ def create_session(
     return _written(runtime, written)
 
 
+@router.post(
+    "/sessions/{session_id}/fork",
+    status_code=201,
+    response_model=SessionWritten,
+    responses=problems(401, 404, 409, 410, 413, 422, 503),
+)
+def fork(
+    session_id: UUID,
+    body: ForkSessionRequest,
+    runtime: RuntimeDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> SessionWritten:
+    """Start a new session from this one as it was at `version` (the source is only read).
+
+    The fork's first event names the source, the version and the source's
+    chain head there; its next model request is the source's request at that
+    version (`GET …/request?version=`). A version inside an unfinished turn is
+    409 `fork_inside_turn` (`fork_at_interrupted_turn` for an interrupted
+    one); one the session never had is 422 `invalid_version`. With an
+    `Idempotency-Key` header, a repeat with the same body returns the fork the
+    first request made (header `Idempotent-Replayed: true`).
+    """
+    if body.metadata is not None:
+        _refuse_reserved(body.metadata)
+
+    def make(fork_id: UUID | None = None, mark: dict[str, Any] | None = None) -> Written:
+        return fork_session(
+            runtime.sessions,
+            session_id,
+            body.version,
+            title=body.title,
+            metadata=body.metadata,
+            created_by=body.created_by or "api",
+            session_id=fork_id,
+            mark=mark,
+        )
+
+    if idempotency_key:
+        request = {"fork_of": str(session_id), **body.model_dump(mode="json")}
+        started = start_once(
+            runtime.sessions, runtime.settings.namespace, idempotency_key, request, make
+        )
+        written = started.written
+        if not started.created:
+            response.headers["Idempotent-Replayed"] = "true"
+    else:
+        written = make()
+    response.headers["Location"] = f"/v1/sessions/{written.session_id}"
+    return _written(runtime, written)
+
+
+def _refuse_reserved(metadata: dict[str, Any]) -> None:
+    reserved = sorted(k for k in metadata if k.startswith("turnlog."))
+    if reserved:
+        raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
+
+
 def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, Any]:
     """The session's settings, with the server's defaults; refuse names it does not know."""
     known_tools = runtime.executor.tools.names()
@@ -90,9 +150,7 @@ def _session_fields(runtime: Runtime, body: CreateSessionRequest) -> dict[str, A
     unknown = sorted(set(tools) - set(known_tools))
     if unknown:
         raise InvalidRequest(f"unknown tools: {', '.join(unknown)}", known_tools=known_tools)
-    reserved = sorted(k for k in body.metadata if k.startswith("turnlog."))
-    if reserved:
-        raise InvalidRequest(f"metadata keys starting with 'turnlog.' are reserved: {reserved}")
+    _refuse_reserved(body.metadata)
     return {
         "title": body.title,
         "system_prompt": body.system_prompt,
@@ -124,22 +182,43 @@ def _written(runtime: Runtime, written: Written) -> SessionWritten:
 
 @router.get("/sessions", response_model=Page[SessionRow], responses=problems(401, 422, 503))
 async def list_sessions(
+    request: Request,
     state: StateDep,
     read_models: ReadModelsDep,
     status: Literal["idle", "busy", "blocked", "awaiting_approval", "closed"] | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
     min_position: MinPosition = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="Only sessions whose id or title starts with this."),
+    ] = None,
+    forked_from: Annotated[
+        UUID | None, Query(description="Only the forks of this session (made from it).")
+    ] = None,
 ) -> Page[SessionRow]:
     """List sessions from the sessions read model, most recent activity first.
 
     Pages are keyset-paginated: pass `next_cursor` as `cursor` for the next
-    page. With `?min_position=N` (a `position` from a write) the answer waits
-    up to 5 s until the read model has processed it, else 503
+    page (with the same filters). `?q=` keeps the sessions whose id or title
+    starts with it (case-insensitive; at most 200 characters, else 422);
+    `?metadata.KEY=VALUE` (repeatable, all must hold) those whose metadata has
+    that value at that key (`5`, `true`, `null` also match the JSON number,
+    boolean or null); `?forked_from=ID` the forks of session ID, which hold
+    copies of its turns (a purge of ID does not reach them). With
+    `?min_position=N` (a `position` from a write) the
+    answer waits up to 5 s until the read model has processed it, else 503
     `read_model_lagging` with Retry-After.
     """
+    metadata = [
+        (name.removeprefix("metadata."), value)
+        for name, value in request.query_params.multi_items()
+        if name.startswith("metadata.")
+    ]
     await caught_up(state, read_models, min_position, "sessions")
-    rows, next_cursor = await run_in_threadpool(read_models.list_sessions, status, limit, cursor)
+    rows, next_cursor = await run_in_threadpool(
+        read_models.list_sessions, status, limit, cursor, None, q, metadata, forked_from
+    )
     return Page[SessionRow].model_validate({"items": rows, "next_cursor": next_cursor})
 
 
