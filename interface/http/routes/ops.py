@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnlog.interface.bootstrap import sandbox_state
 from turnlog.interface.http.deps import StateDep
 from turnlog.interface.http.schemas import HealthOut, ReadyOut, problems
+from turnlog.interface.http.tenancy import Tenancy
 from turnlog.interface.problems import NotReady
 
 router = APIRouter(tags=["operations"])
@@ -71,6 +72,9 @@ def _database_answers(state: StateDep) -> bool:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
 )
-def metrics(state: StateDep) -> Response:
-    """Prometheus metrics: requests, turn and tool-call outcomes, open turns, projection lag."""
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+def metrics(request: Request) -> Response:
+    """Prometheus metrics: requests, turn and tool-call outcomes, open turns, projection lag.
+
+    With a tenants file, every sample carries the ``namespace`` it counts."""
+    tenancy: Tenancy = request.app.state.tenancy
+    return Response(tenancy.render_metrics(), media_type=CONTENT_TYPE_LATEST)
