@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from turnlog.application.errors import ConfigurationError
-from turnlog.application.settings import NAMESPACE_PATTERN
+from turnlog.application.settings import NAMESPACE_PATTERN, Settings
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -200,3 +200,23 @@ def _check_namespace(source: str, where: str, namespace: str) -> None:
 def _bad(source: str, where: str, why: str) -> ConfigurationError:
     at = f" {where}" if where else ""
     return ConfigurationError(f"{source}:{at} {why}", entry=where)
+
+
+def scoped_settings(settings: Settings) -> list[Settings]:
+    """The settings of each namespace a process serves: the tenants file's, or the one.
+
+    The settings of the configured namespace are ``settings`` itself; the others
+    are copies that differ only in ``namespace``.
+    """
+    if settings.tenants_file is None:
+        return [settings]
+    if settings.api_token is not None:
+        raise ConfigurationError(
+            "set TURNLOG_API_TOKEN or TURNLOG_TENANTS_FILE, not both: with a tenants file"
+            " every token is one of its entries"
+        )
+    namespaces = load_tenants(settings.tenants_file).namespaces
+    return [
+        settings if ns == settings.namespace else settings.model_copy(update={"namespace": ns})
+        for ns in namespaces
+    ]

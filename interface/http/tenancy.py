@@ -19,18 +19,16 @@ file is read again on SIGHUP (``reload``); a bad file keeps the previous one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.tenants import Access, Grant, Tenants, load_tenants
 from turnlog.interface.http.state import AppState
+from turnlog.interface.metrics import NamespaceLabelled
 
 log = logging.getLogger("turnlog.tenants")
 
@@ -132,39 +130,8 @@ class Tenancy:
         if not self.multi:
             return self.state(None).metrics.render()
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Labelled([(ns, s.metrics.registry) for ns, s in self.all()]))
+        registry.register(NamespaceLabelled([(ns, s.metrics.registry) for ns, s in self.all()]))
         return generate_latest(registry)
-
-
-class _Labelled(Collector):
-    """The families of several registries, merged by name, with a ``namespace`` label."""
-
-    def __init__(self, registries: list[tuple[str, CollectorRegistry]]) -> None:
-        self.registries = registries
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for namespace, registry in self.registries:
-            for family in registry.collect():
-                into = merged.get(family.name)
-                if into is None:
-                    into = merged[family.name] = Metric(
-                        family.name, family.documentation, family.type, family.unit
-                    )
-                into.samples.extend(
-                    Sample(
-                        s.name,
-                        {**s.labels, "namespace": namespace},
-                        s.value,
-                        s.timestamp,
-                        s.exemplar,
-                    )
-                    for s in family.samples
-                )
-        yield from merged.values()
 
 
 def served_namespaces(tenants: Tenants | None, namespace: str) -> tuple[str, ...]:

@@ -24,11 +24,17 @@ async def healthz() -> HealthOut:
 
 
 @router.get("/readyz", response_model=ReadyOut, responses=problems(503))
-def readyz(state: StateDep) -> ReadyOut:
+def readyz(state: StateDep, request: Request) -> ReadyOut:
     """Readiness: started, the database answers, and this process's worker and
-    projection runners (if its role runs them) are up."""
-    checks = state.process.checks()
-    checks["database"] = _database_answers(state)
+    projection runners (if its role runs them) are up; with a tenants file, in
+    every namespace it serves (a check fails if it fails in one)."""
+    tenancy: Tenancy = request.app.state.tenancy
+    checks: dict[str, bool] = {}
+    for _, one in tenancy.all():
+        these = one.process.checks()
+        these["database"] = _database_answers(one)
+        for name, ok in these.items():
+            checks[name] = checks.get(name, True) and ok
     checks["accepting"] = not state.draining.is_set()
     horizon = _horizon(state) if checks["database"] else None
     if not all(checks.values()):
