@@ -9,6 +9,7 @@
     role = "client"                    # reader | client | operator | admin
 
     [namespaces.team_a]
+    database_url = "postgresql://…"   # optional: the namespace's own cluster
     max_running_turns = 8
     turns_per_minute = 120
     max_sessions = 10000
@@ -81,6 +82,8 @@ class Tenants:
     grants: Mapping[str, Grant] = field(default_factory=dict)
     quotas: Mapping[str, Quotas] = field(default_factory=dict)
     source: str = ""
+    # A namespace's own PostgreSQL (another cluster), beside TURNLOG_NAMESPACE_DATABASE_URLS.
+    database_urls: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def namespaces(self) -> tuple[str, ...]:
@@ -168,14 +171,22 @@ def parse_tenants(document: Mapping[str, Any], source: str = "tenants file") -> 
     if not isinstance(tables, dict):
         raise _bad(source, "namespaces", "must be a table of tables ([namespaces.NAME])")
     allowed = {f.name for f in fields(Quotas)}
+    urls: dict[str, str] = {}
     for namespace, table in tables.items():
         where = f"namespaces.{namespace}"
         _check_namespace(source, where, namespace)
         if not isinstance(table, dict):
             raise _bad(source, where, "must be a table")
+        table = dict(table)
+        url = table.pop("database_url", None)
+        if url is not None:
+            if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+                raise _bad(source, f"{where}.database_url", "must be a postgresql:// URL")
+            urls[namespace] = url
         extra = sorted(set(table) - allowed)
         if extra:
-            raise _bad(source, where, f"unknown quotas {extra}; expected {sorted(allowed)}")
+            keys = sorted([*allowed, "database_url"])
+            raise _bad(source, where, f"unknown keys {extra}; expected {keys}")
         for key, value in table.items():
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _bad(source, f"{where}.{key}", "must be an integer")
@@ -184,7 +195,7 @@ def parse_tenants(document: Mapping[str, Any], source: str = "tenants file") -> 
         quotas[namespace] = Quotas(**table)
     if not grants:
         raise _bad(source, "tokens", "names no token: nobody could use the server")
-    return Tenants(grants, quotas, source)
+    return Tenants(grants, quotas, source, urls)
 
 
 def _check_namespace(source: str, where: str, namespace: str) -> None:
@@ -202,11 +213,12 @@ def _bad(source: str, where: str, why: str) -> ConfigurationError:
     return ConfigurationError(f"{source}:{at} {why}", entry=where)
 
 
-def scoped_settings(settings: Settings) -> list[Settings]:
+def scoped_settings(settings: Settings, tenants: Tenants | None = None) -> list[Settings]:
     """The settings of each namespace a process serves: the tenants file's, or the one.
 
-    The settings of the configured namespace are ``settings`` itself; the others
-    are copies that differ only in ``namespace``.
+    Without a tenants file that is ``settings`` itself. With one, a copy for each
+    namespace, with the file's ``database_url``s added to the namespace URLs; the
+    configured namespace, when the file names it, comes first.
     """
     if settings.tenants_file is None:
         return [settings]
@@ -215,8 +227,10 @@ def scoped_settings(settings: Settings) -> list[Settings]:
             "set TURNLOG_API_TOKEN or TURNLOG_TENANTS_FILE, not both: with a tenants file"
             " every token is one of its entries"
         )
-    namespaces = load_tenants(settings.tenants_file).namespaces
+    tenants = tenants or load_tenants(settings.tenants_file)
+    urls = {**settings.namespace_database_urls, **tenants.database_urls}
+    names = sorted(tenants.namespaces, key=lambda ns: (ns != settings.namespace, ns))
     return [
-        settings if ns == settings.namespace else settings.model_copy(update={"namespace": ns})
-        for ns in namespaces
+        settings.model_copy(update={"namespace": ns, "namespace_database_urls": urls})
+        for ns in names
     ]

@@ -29,13 +29,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.openapi.utils import get_openapi
 from fastapi_offline import FastAPIOffline
 
-from turnlog.application.errors import ConfigurationError, DatabaseUnavailable
+from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.purge import forget_purged
 from turnlog.application.purge_watch import PurgeWatch
 from turnlog.application.quotas import QuotaGate
 from turnlog.application.settings import Settings
 from turnlog.application.store.topics import PURGE_MARK
-from turnlog.application.tenants import Quotas, Tenants, load_tenants
+from turnlog.application.tenants import Quotas, Tenants, load_tenants, scoped_settings
 from turnlog.interface import console
 from turnlog.interface.bootstrap import build_process
 from turnlog.interface.http import errors
@@ -51,7 +51,7 @@ from turnlog.interface.http.middleware import (
 from turnlog.interface.http.routes import events, identity, listings, ops, purge, sessions, turns
 from turnlog.interface.http.state import AppState, Options, StateCounts
 from turnlog.interface.http.streams import StreamSlots
-from turnlog.interface.http.tenancy import Tenancy, served_namespaces
+from turnlog.interface.http.tenancy import Tenancy
 from turnlog.interface.metrics import RetentionCollector
 from turnlog.interface.purging import retention_job
 from turnlog.interface.roles import Role
@@ -80,9 +80,8 @@ def create_app(
     streams = StreamSlots(options.max_streams)
     draining = threading.Event()
     states: dict[str, AppState] = {}
-    for namespace in served_namespaces(tenants, settings.namespace):
-        same = namespace == settings.namespace
-        scoped = settings if same else settings.model_copy(update={"namespace": namespace})
+    for scoped in scoped_settings(settings, tenants):
+        namespace = scoped.namespace
         process = build_process(scoped, role, worker_concurrency=worker_concurrency)
         state = AppState(process, options, streams, Metrics(process, streams), draining)
         process.observer = state.metrics.execution
@@ -132,14 +131,7 @@ def create_app(
 
 
 def _tenants(settings: Settings) -> Tenants | None:
-    if settings.tenants_file is None:
-        return None
-    if settings.api_token is not None:
-        raise ConfigurationError(
-            "set TURNLOG_API_TOKEN or TURNLOG_TENANTS_FILE, not both: with a tenants file"
-            " every token is one of its entries"
-        )
-    return load_tenants(settings.tenants_file)
+    return None if settings.tenants_file is None else load_tenants(settings.tenants_file)
 
 
 def _quotas_of(tenancy: Tenancy, namespace: str) -> Quotas:

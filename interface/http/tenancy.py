@@ -132,8 +132,3 @@ class Tenancy:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(NamespaceLabelled([(ns, s.metrics.registry) for ns, s in self.all()]))
         return generate_latest(registry)
-
-
-def served_namespaces(tenants: Tenants | None, namespace: str) -> tuple[str, ...]:
-    """The namespaces one app serves: the file's, or the one of the settings."""
-    return tenants.namespaces if tenants is not None else (namespace,)

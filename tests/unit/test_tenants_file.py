@@ -43,7 +43,7 @@ def test_a_good_file_maps_a_tokens_hash_to_its_namespace_and_role(tmp_path: Path
         ),
         (
             {"tokens": [GOOD], "namespaces": {"team_a": {"max_turns": 1}}},
-            ["namespaces.team_a", "max_turns"],
+            ["namespaces.team_a", "unknown keys"],
         ),
         (
             {"tokens": [{**GOOD, "name": "one"}, {**GOOD, "name": "two"}]},
