@@ -3,6 +3,7 @@ turns scheduled fairly across namespaces."""
 
 from __future__ import annotations
 
+import json
 import signal
 import statistics
 import time
@@ -120,3 +121,23 @@ def test_a_flooding_namespace_cannot_starve_a_quiet_one(
         still_open = http.get("/v1/open-turns/summary", headers=loud_h).json()
         assert sum(s["count"] for s in still_open["items"]) >= 100, still_open
         assert loaded <= 2 * idle, f"quiet turn {loaded:.2f}s under a flood, {idle:.2f}s idle"
+
+
+def test_projections_status_lists_every_namespace_of_the_file(
+    settings: Settings, tmp_path: Path, two_namespaces: tuple[str, str]
+) -> None:
+    a, b = two_namespaces
+    file = TenantsFile(tmp_path / "tenants.toml")
+    file.token("a", a, "client")
+    file.token("b", b, "reader")
+    scoped = _settings(settings, file, a)
+    assert turnlog(scoped, "db", "init").returncode == 0
+    ran = turnlog(scoped, "projections", "status", "--json")
+    assert ran.returncode == 0, ran.stderr
+    rows = json.loads(ran.stdout)
+    assert {r["namespace"] for r in rows} == {a, b}
+    assert {r["name"] for r in rows if r["namespace"] == b} == {
+        r["name"] for r in rows if r["namespace"] == a
+    }
+    shown = turnlog(scoped, "projections", "status")
+    assert shown.returncode == 0 and a in shown.stdout and b in shown.stdout
