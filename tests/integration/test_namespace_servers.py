@@ -4,7 +4,7 @@
 One set of settings names a second database for one namespace (a stand-in
 for a second cluster); every process of that namespace works there, every
 other namespace on ``DATABASE_URL``. The first test runs a process of each
-from the same settings; the second runs one server over both, from a tenants
+from the same settings; the second runs one `turnlog serve` over both, from a tenants
 file, and looks where each namespace wrote.
 """
 
@@ -19,20 +19,19 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import httpx
 import psycopg
 import pytest
-from fastapi.testclient import TestClient
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from tests.api.conftest import FAST
 from tests.conftest import ROOT, drop_namespace, turnlog_env
 from tests.deadlines import poll, scaled
+from tests.e2e.test_serve import server
 from tests.tenants_support import TenantsFile
 from turnlog.application.settings import Settings, schema_name
 from turnlog.application.store.database import Database, locate
 from turnlog.interface.bootstrap import build_process
-from turnlog.interface.http import create_app
 from turnlog.interface.roles import Role
 
 
@@ -115,19 +114,21 @@ def test_one_server_serves_namespaces_on_two_clusters(
         file.path.read_text() + f'\n[namespaces.{there}]\ndatabase_url = "{url}"\n'
     )
     served = settings.model_copy(update={"tenants_file": file.path, "namespace": here})
-    app = create_app(served, role="all", options=FAST, worker_concurrency=2)
     try:
-        with TestClient(app, raise_server_exceptions=False) as client:
+        with server(served, tmp_path / "serve.log") as (_, url), httpx.Client(base_url=url) as http:
             for token in ("near", "far"):
                 headers = file.headers(token)
-                sid = client.post("/v1/sessions", json={}, headers=headers).json()["session_id"]
-                done = client.post(
-                    f"/v1/sessions/{sid}/turns?wait=30", json={"message": "hi"}, headers=headers
+                sid = http.post("/v1/sessions", json={}, headers=headers).json()["session_id"]
+                done = http.post(
+                    f"/v1/sessions/{sid}/turns?wait=30",
+                    json={"message": "hi"},
+                    headers=headers,
+                    timeout=60,
                 )
                 assert done.status_code == 200 and done.json()["state"] == "completed", done.text
                 # The other namespace's token does not see it, on either cluster.
                 other = file.headers("far" if token == "near" else "near")
-                assert client.get(f"/v1/sessions/{sid}", headers=other).status_code == 404
+                assert http.get(f"/v1/sessions/{sid}", headers=other).status_code == 404
         assert schema_name(here) in schemas(database)
         assert schema_name(here) not in schemas(second_database)
         assert schema_name(there) in schemas(second_database)
