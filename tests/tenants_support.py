@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from turnlog.application.settings import schema_name
+from turnlog.application.settings import Settings, schema_name
 from turnlog.application.store.database import Database
 from turnlog.application.tenants import token_hash
 
@@ -52,6 +52,17 @@ class TenantsFile:
         if namespace is not None:
             headers["X-Turnlog-Namespace"] = namespace
         return headers
+
+
+def tenant_settings(database: Database, file: TenantsFile, namespace: str) -> Settings:
+    """Settings of a server over ``file`` (written now), its data beside the file."""
+    return Settings(
+        database_url=database.conninfo,
+        namespace=namespace,
+        data_dir=file.path.parent / "data",
+        probes=False,
+        tenants_file=file.write(),
+    )
 
 
 def drop_namespaces(database: Database, names: Iterable[str]) -> None:

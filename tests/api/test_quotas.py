@@ -16,8 +16,7 @@ from fastapi.testclient import TestClient
 
 from tests.api.conftest import FAST, eventually, problem
 from tests.conftest import raw_events
-from tests.tenants_support import TenantsFile
-from turnlog.application.settings import Settings
+from tests.tenants_support import TenantsFile, tenant_settings
 from turnlog.application.store.database import Database
 from turnlog.interface.bootstrap import build_process
 from turnlog.interface.http import create_app
@@ -31,14 +30,7 @@ def quota_api(
     file = TenantsFile(tmp_path / "tenants.toml")
     file.token("team", namespace, "client")
     file.quotas[namespace] = quotas
-    file.write()
-    settings = Settings(
-        database_url=database.conninfo,
-        namespace=namespace,
-        data_dir=tmp_path / "data",
-        probes=False,
-        tenants_file=file.path,
-    )
+    settings = tenant_settings(database, file, namespace)
     app = create_app(settings, role="api", options=FAST)
     with TestClient(app, raise_server_exceptions=False) as client:
         runners = build_process(settings.model_copy(update={"tenants_file": None}), "projections")
@@ -56,6 +48,11 @@ def _settled(client: TestClient, headers: dict[str, str], path: str, count: int)
         return len(client.get(path, headers=headers).json()["items"]) == count
 
     eventually(listed, deadline=30)
+
+
+def _submit(client: TestClient, headers: dict[str, str], session: dict[str, Any]) -> Any:
+    path = f"/v1/sessions/{session['session_id']}/turns"
+    return client.post(path, json={"message": "hi"}, headers=headers)
 
 
 def _refused(response: Any, quota: str) -> dict[str, Any]:
@@ -87,18 +84,11 @@ def test_max_running_turns(
 ) -> None:
     client, team = quota_api
     one, two = (client.post("/v1/sessions", json={}, headers=team).json() for _ in range(2))
-    accepted = client.post(
-        f"/v1/sessions/{one['session_id']}/turns", json={"message": "hi"}, headers=team
-    )
+    accepted = _submit(client, team, one)
     assert accepted.status_code == 202, accepted.text
     _settled(client, team, "/v1/open-turns", 1)
     before = raw_events(database, namespace)
-    body = _refused(
-        client.post(
-            f"/v1/sessions/{two['session_id']}/turns", json={"message": "hi"}, headers=team
-        ),
-        "max_running_turns",
-    )
+    body = _refused(_submit(client, team, two), "max_running_turns")
     assert (body["limit"], body["current"]) == (1, 1)
     assert raw_events(database, namespace) == before
 
@@ -110,16 +100,10 @@ def test_turns_per_minute(
     client, team = quota_api
     sessions = [client.post("/v1/sessions", json={}, headers=team).json() for _ in range(3)]
     for s in sessions[:2]:
-        answer = client.post(
-            f"/v1/sessions/{s['session_id']}/turns", json={"message": "hi"}, headers=team
-        )
+        answer = _submit(client, team, s)
         assert answer.status_code == 202, answer.text
     before = raw_events(database, namespace)
-    third = sessions[2]["session_id"]
-    _refused(
-        client.post(f"/v1/sessions/{third}/turns", json={"message": "hi"}, headers=team),
-        "turns_per_minute",
-    )
+    _refused(_submit(client, team, sessions[2]), "turns_per_minute")
     assert raw_events(database, namespace) == before
 
 

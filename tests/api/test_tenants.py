@@ -22,8 +22,8 @@ from tests.tenants_support import (
     fill,
     operations,
     query_for,
+    tenant_settings,
 )
-from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 from turnlog.interface.http import create_app
 from turnlog.interface.http.tenancy import needed
@@ -51,15 +51,9 @@ def tenanted(database: Database, namespace: str, tmp_path: Path) -> Iterator[Ten
     file.token("b-reader", b, "reader")
     file.token("b-operator", b, "operator")
     file.token("admin", c, "admin")
-    file.write()
-    settings = Settings(
-        database_url=database.conninfo,
-        namespace=a,
-        data_dir=tmp_path / "data",
-        probes=False,
-        tenants_file=file.path,
+    app = create_app(
+        tenant_settings(database, file, a), role="all", options=FAST, worker_concurrency=2
     )
-    app = create_app(settings, role="all", options=FAST, worker_concurrency=2)
     try:
         with TestClient(app, raise_server_exceptions=False) as client:
             spec = client.get("/openapi.json").json()

@@ -38,12 +38,19 @@ def _status(url: str, headers: dict[str, str]) -> int:
     return httpx.get(f"{url}/v1/whoami", headers=headers, timeout=10).status_code
 
 
+def _file(tmp_path: Path, **tokens: tuple[str, str]) -> TenantsFile:
+    """A tenants file with these tokens (name=(namespace, role))."""
+    file = TenantsFile(tmp_path / "tenants.toml")
+    for name, (namespace, role) in tokens.items():
+        file.token(name, namespace, role)
+    return file
+
+
 def test_sighup_reloads_the_tokens_and_a_bad_file_keeps_the_previous_one(
     settings: Settings, tmp_path: Path, two_namespaces: tuple[str, str]
 ) -> None:
     a, b = two_namespaces
-    file = TenantsFile(tmp_path / "tenants.toml")
-    file.token("old", a, "client")
+    file = _file(tmp_path, old=(a, "client"))
     file.quotas[b] = {}
     log = tmp_path / "serve.log"
     with server(_settings(settings, file, a), log) as (proc, url):
@@ -85,9 +92,7 @@ def test_a_flooding_namespace_cannot_starve_a_quiet_one(
     model's would, so what is measured is how long B's turn waits for a worker.
     """
     loud, quiet = two_namespaces
-    file = TenantsFile(tmp_path / "tenants.toml")
-    file.token("loud", loud, "client")
-    file.token("quiet", quiet, "client")
+    file = _file(tmp_path, loud=(loud, "client"), quiet=(quiet, "client"))
     log = tmp_path / "serve.log"
     with (
         server(_settings(settings, file, loud), log, "--concurrency", "2") as (_, url),
@@ -127,9 +132,7 @@ def test_projections_status_lists_every_namespace_of_the_file(
     settings: Settings, tmp_path: Path, two_namespaces: tuple[str, str]
 ) -> None:
     a, b = two_namespaces
-    file = TenantsFile(tmp_path / "tenants.toml")
-    file.token("a", a, "client")
-    file.token("b", b, "reader")
+    file = _file(tmp_path, a=(a, "client"), b=(b, "reader"))
     scoped = _settings(settings, file, a)
     assert turnlog(scoped, "db", "init").returncode == 0
     ran = turnlog(scoped, "projections", "status", "--json")
