@@ -17,6 +17,7 @@ statuses and exit codes in one place. The tree::
     │   └── UnknownProjection
     ├── InvalidNamespace         (422)
     ├── InvalidToolArguments     (422) an operator's edited arguments fail the tool's schema
+    ├── QuotaExceeded            (429) a namespace's quota (the tenants file) would be passed
     ├── DatabaseUnavailable      (503)
     ├── SchemaNotReady           (503) the events table must be created or migrated first
     └── ConfigurationError       refused at start-up (a bad tools file)
@@ -134,8 +135,19 @@ class UnknownProjection(InvalidQuery):
     code = "unknown_projection"
 
 
+class QuotaExceeded(ApplicationError):
+    """A new session or turn would pass its namespace's quota; nothing was written."""
+
+    code = "quota_exceeded"
+
+    @property
+    def retry_after(self) -> int | None:
+        value = self.extra.get("retry_after")
+        return int(value) if value is not None else None
+
+
 class ConfigurationError(ApplicationError):
-    """A setting cannot be used: a tools file (TURNLOG_TOOLS_FILE) is unreadable or invalid,
+    """A setting cannot be used: a tools or tenants file is unreadable or invalid,
     or no database is configured and the embedded server is not installed."""
 
     code = "invalid_configuration"

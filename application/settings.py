@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         default=None, description="Bearer token required on /v1 routes when set."
     )
+    tenants_file: Path | None = Field(
+        default=None,
+        description="TOML file of hashed tokens, their namespace and role, and quotas;"
+        " serve then serves every namespace in it (docs/tenants.md).",
+    )
     provider: str = Field(default="fixture", description="Default model provider.")
     openai_base_url: str = Field(
         default="https://api.openai.com/v1", description="OpenAI-compatible endpoint."
@@ -166,7 +171,7 @@ class Settings(BaseSettings):
         check_namespace(value)
         return value
 
-    @field_validator("tools_file", mode="before")
+    @field_validator("tools_file", "tenants_file", mode="before")
     @classmethod
     def _empty_path_is_unset(cls, value: object) -> object:
         """An empty value is no file: as a path, "" would be "." (a directory)."""

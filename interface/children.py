@@ -61,6 +61,8 @@ def child_env(settings: Settings, base: Mapping[str, str]) -> dict[str, str]:
     env["TURNLOG_DATA_DIR"] = str(settings.data_dir.resolve())
     if settings.database_url:
         env["TURNLOG_DATABASE_URL"] = settings.database_url
+    if settings.tenants_file is not None:
+        env["TURNLOG_TENANTS_FILE"] = str(settings.tenants_file.resolve())
     return env
 
 

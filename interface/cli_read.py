@@ -31,6 +31,7 @@ from rich.text import Text
 
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
+from turnlog.application.tenants import scoped_settings
 from turnlog.interface.bootstrap import Process, build_process, tune_collector
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import (
@@ -105,25 +106,34 @@ def projections_run(
 
     settings = _root(ctx).settings()
     configure_logging(settings)
-    process = build_process(
-        settings, Role.PROJECTIONS, only=only, batch_size=batch_size, poll_interval=poll_interval
-    )
+    with refusals():
+        scoped = scoped_settings(settings)  # a tenants file: runners for each namespace
+    processes = [
+        build_process(
+            s, Role.PROJECTIONS, only=only, batch_size=batch_size, poll_interval=poll_interval
+        )
+        for s in scoped
+    ]
     tune_collector()
-    metrics = MetricsServer(process)
+    metrics = MetricsServer(processes[0], processes[1:])
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
     stop = stop_on_signals()
-    with refusals():
-        process.start()
-    assert process.supervisor is not None
-    names = ", ".join(m.name for m in process.supervisor.models)
-    log.info("running read models %s in namespace %s", names, settings.namespace)
     try:
+        with refusals():
+            for process in processes:
+                process.start()
+                assert process.supervisor is not None
+                names = ", ".join(m.name for m in process.supervisor.models)
+                log.info(
+                    "running read models %s in namespace %s", names, process.settings.namespace
+                )
         while not stop.wait(0.5):
             pass
     finally:
         metrics.stop()
-        process.stop()
+        for process in processes:
+            process.stop()
     log.info("stopped")
 
 
@@ -132,21 +142,40 @@ def projections_status(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Each read model's position, the log head, lag, and whether a runner holds it."""
-    rows = _with_read_models(ctx, lambda rt, models: models.status())
+    """Each read model's position, the log head, lag, and whether a runner holds it.
+
+    With a tenants file (TURNLOG_TENANTS_FILE), those of every namespace in it."""
+    settings = _root(ctx).settings()
+    if settings.tenants_file is None:
+        rows = _with_read_models(ctx, lambda rt, models: models.status())
+    else:
+        rows = _every_namespaces_status(settings)
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    table = id_table("read model", "position", "head", "lag (events)", "lag (s)", "runner")
+    several = settings.tenants_file is not None
+    head = ("namespace",) if several else ()
+    table = id_table(*head, "read model", "position", "head", "lag (events)", "lag (s)", "runner")
     for r in rows:
         lag_s = "?" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
         runner = r["holder"] if r["running"] else "[yellow]none[/]"
-        table.add_row(
-            r["name"], str(r["position"]), str(r["head"]), str(r["lag_events"]), lag_s, runner
-        )
+        cells = (r["name"], str(r["position"]), str(r["head"]), str(r["lag_events"]), lag_s, runner)
+        table.add_row(*((r["namespace"],) if several else ()), *cells)
     print_table(table)
     if rows:
         typer.echo(describe_horizon(rows[0]))
+
+
+def _every_namespaces_status(settings: Settings) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with refusals():
+        for scoped in scoped_settings(settings):
+            process = build_process(scoped, None).start()
+            try:
+                rows += [{"namespace": scoped.namespace, **r} for r in process.reads().status()]
+            finally:
+                process.stop()
+    return rows
 
 
 class _RateColumn(ProgressColumn):

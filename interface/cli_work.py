@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 
 from turnlog.application.execution.worker import check_open_turns
+from turnlog.application.tenants import scoped_settings
 from turnlog.interface.bootstrap import OpenTurnsSource, build_process, tune_collector
 from turnlog.interface.roles import Role
 from turnlog.interface.terminal import id_table, out, print_table, refusals, stop_on_signals
@@ -38,19 +39,23 @@ def worker(
 
     settings = ctx.find_root().obj.settings()
     configure_logging(settings)
-    process = build_process(settings, Role.WORKER, worker_concurrency=concurrency)
+    with refusals():
+        scoped = scoped_settings(settings)  # a tenants file: a worker for each namespace
+    processes = [build_process(s, Role.WORKER, worker_concurrency=concurrency) for s in scoped]
     tune_collector()
-    metrics = MetricsServer(process)
-    process.observer = metrics.execution
+    metrics = MetricsServer(processes[0], processes[1:])
+    for process, execution in zip(processes, metrics.executions, strict=True):
+        process.observer = execution
     if metrics_port:  # before the database: a busy port fails fast
         metrics.start_or_exit(metrics_host, metrics_port)
     stop = stop_on_signals()
-    process.start()  # logs "worker … started: <start-up check>"
-    assert process.worker is not None
+    for process in processes:
+        process.start()  # logs "worker … started: <start-up check>"
     stop.wait()
     log.info("draining (up to %gs)…", drain_timeout)
-    held = process.worker.held
-    process.stop(drain_timeout=drain_timeout)
+    held = sum(p.worker.held for p in processes if p.worker is not None)
+    for process in processes:
+        process.stop(drain_timeout=drain_timeout)
     metrics.stop()
     log.info("worker stopped (%d turn(s) were held)", held)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -39,6 +39,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from turnlog.application.retention import RetentionStats
 from turnlog.application.tracing import usage_attributes
@@ -357,13 +358,59 @@ class _Quiet(WSGIRequestHandler):
         return None
 
 
+class NamespaceLabelled(Collector):
+    """The families of several registries, merged by name, with a ``namespace`` label."""
+
+    def __init__(self, registries: list[tuple[str, CollectorRegistry]]) -> None:
+        self.registries = registries
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for namespace, registry in self.registries:
+            for family in registry.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    into = merged[family.name] = Metric(
+                        family.name, family.documentation, family.type, family.unit
+                    )
+                into.samples.extend(
+                    Sample(
+                        s.name,
+                        {**s.labels, "namespace": namespace},
+                        s.value,
+                        s.timestamp,
+                        s.exemplar,
+                    )
+                    for s in family.samples
+                )
+        yield from merged.values()
+
+
 class MetricsServer:
     """``/metrics`` (and ``/healthz``) on a port of its own, for processes without the API."""
 
-    def __init__(self, process: Process) -> None:
+    def __init__(self, process: Process, others: Sequence[Process] = ()) -> None:
+        """One process's metrics; with ``others`` (a tenants file), each process's
+        under its ``namespace`` label. ``executions`` are their observers, in order."""
         self.registry = CollectorRegistry()
-        self.execution = register_process_metrics(self.registry, process)
         self._server: Any = None
+        if not others:
+            self.executions = [register_process_metrics(self.registry, process)]
+            return
+        each = []
+        self.executions = []
+        for one in (process, *others):
+            registry = CollectorRegistry()
+            self.executions.append(register_process_metrics(registry, one))
+            each.append((one.settings.namespace, registry))
+        self.registry.register(NamespaceLabelled(each))
+
+    @property
+    def execution(self) -> Any:
+        return self.executions[0]
 
     def start(self, host: str, port: int) -> int:
         """Listen on ``host:port`` (0: any free port) in a daemon thread; returns the port."""

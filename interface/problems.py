@@ -9,6 +9,8 @@ refusals the interface itself decides before any use case runs::
     RequestRefused
     ├── InvalidRequest       (422) the request does not match its schema
     ├── Unauthorized         (401) missing or wrong bearer token
+    ├── RoleForbidden        (403) the token's role does not allow this route
+    ├── NamespaceNotFound    (404) an admin asked for a namespace this server does not serve
     ├── PayloadTooLarge      (413) body over the limit; refused before parsing
     ├── ReadModelLagging     (503) a read model did not reach ?min_position in time
     ├── TooManyStreams       (503) every live event stream slot is taken
@@ -53,6 +55,18 @@ class Unauthorized(RequestRefused):
     """A /v1 route was called without the configured bearer token."""
 
     code = "unauthorized"
+
+
+class RoleForbidden(RequestRefused):
+    """The token is valid, but its role (the tenants file) does not allow this route."""
+
+    code = "role_forbidden"
+
+
+class NamespaceNotFound(RequestRefused):
+    """An X-Turnlog-Namespace header names no namespace this token can reach."""
+
+    code = "namespace_not_found"
 
 
 class PayloadTooLarge(RequestRefused):
@@ -124,10 +138,13 @@ _TABLE: list[_Entry] = [
     _Entry(app_errors.ConfigurationError, 422, "Invalid configuration"),
     _Entry(app_errors.InvalidNamespace, 422, "Invalid namespace"),
     _Entry(app_errors.InvalidToolArguments, 422, "Invalid tool arguments"),
+    _Entry(app_errors.QuotaExceeded, 429, "Quota exceeded", retry_after=1),
     _Entry(app_errors.DatabaseUnavailable, 503, "Database unavailable", retry_after=5),
     _Entry(app_errors.SchemaNotReady, 503, "Schema not ready", retry_after=5),
     _Entry(InvalidRequest, 422, "Invalid request"),
     _Entry(Unauthorized, 401, "Unauthorized"),
+    _Entry(RoleForbidden, 403, "Forbidden"),
+    _Entry(NamespaceNotFound, 404, "Not found"),
     _Entry(PayloadTooLarge, 413, "Payload too large"),
     _Entry(ReadModelLagging, 503, "Read model lagging", retry_after=1),
     _Entry(TooManyStreams, 503, "Too many event streams", retry_after=5),
@@ -156,7 +173,7 @@ _TABLE: list[_Entry] = [
     ),
 ]
 
-EXIT_CODES = {401: 2, 404: 4, 409: 3, 410: 4, 422: 2, 413: 2, 503: 5}
+EXIT_CODES = {401: 2, 403: 2, 404: 4, 409: 3, 410: 4, 422: 2, 413: 2, 503: 5}
 
 
 def problem_for(exc: BaseException) -> Problem | None:
@@ -166,7 +183,8 @@ def problem_for(exc: BaseException) -> Problem | None:
             code = str(entry.code or getattr(exc, "code", "error"))
             detail = str(entry.detail or getattr(exc, "detail", str(exc)))
             extra = dict(getattr(exc, "extra", None) or {})
-            return Problem(entry.status, entry.title, code, detail, extra, entry.retry_after)
+            retry_after = getattr(exc, "retry_after", None) or entry.retry_after
+            return Problem(entry.status, entry.title, code, detail, extra, retry_after)
     return None
 
 

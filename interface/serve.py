@@ -92,7 +92,8 @@ def serve(
 
     options = Options(drain_timeout=drain_timeout)
     here = Role.API if split else role
-    app = create_app(settings, role=here, worker_concurrency=concurrency, options=options)
+    with refusals():  # a bad tenants file is refused here, naming its entry
+        app = create_app(settings, role=here, worker_concurrency=concurrency, options=options)
     server = draining_server(app, settings, host, port)
     server.on_listening = functools.partial(_say_where, here)
     tune_collector()
@@ -164,11 +165,12 @@ def _start_children(
 
 def open_bind_refusal(host: str, settings: Settings) -> str:
     """Why binding ``host`` is refused ('' when it is allowed)."""
-    if _is_loopback(host) or settings.api_token is not None:
+    if _is_loopback(host) or settings.api_token is not None or settings.tenants_file is not None:
         return ""
     return (
         f"refusing to serve on {host} without an API token: anyone who can reach it could "
-        "run agents and read every session. Set TURNLOG_API_TOKEN, or bind to 127.0.0.1."
+        "run agents and read every session. Set TURNLOG_API_TOKEN (or TURNLOG_TENANTS_FILE),"
+        " or bind to 127.0.0.1."
     )
 
 

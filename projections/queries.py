@@ -109,6 +109,10 @@ class ReadModels:
         _check_choice("state", state, open_turns.STATES)
         return self._open_turns.count({"state": state} if state else {})
 
+    def count_sessions(self) -> int:
+        """How many sessions the namespace holds (closed ones too, purged ones not)."""
+        return self._sessions.count({})
+
     def list_tool_calls(
         self,
         status: str | None = None,

@@ -344,6 +344,8 @@ def turnlog_env(settings: Settings, **extra: str) -> dict[str, str]:
         TURNLOG_SNAPSHOT_INTERVAL=str(settings.snapshot_interval),
         TURNLOG_PROBES="on" if settings.probes else "off",
     )
+    if settings.tenants_file is not None:
+        env["TURNLOG_TENANTS_FILE"] = str(settings.tenants_file)
     env.update(extra)
     return env
 

@@ -252,6 +252,20 @@ def namespace_status(db: Database, namespace: str) -> dict[str, Any]:
     }
 
 
+STORED_BYTES = """
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %s AND c.relkind IN ('r', 'm', 'p')
+"""
+
+
+def stored_bytes(db: Database, namespace: str) -> int:
+    """The bytes a namespace's tables hold in PostgreSQL, their indexes and TOAST included."""
+    with connect(db) as conn:
+        row = conn.execute(STORED_BYTES, (schema_name(namespace),)).fetchone()
+    return int(row[0]) if row else 0
+
+
 def embedded_running(data_dir: Path) -> bool:
     """True when an embedded server for this data directory is running."""
     pid_file = data_dir.resolve() / "pg" / "postmaster.pid"

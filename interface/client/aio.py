@@ -42,6 +42,7 @@ from turnlog.interface.client.models import (
     ToolCallRow,
     Turn,
     TurnWritten,
+    Whoami,
     Workers,
 )
 
@@ -65,6 +66,7 @@ class AsyncClient:
         *,
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
+        namespace: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = calls.check_base_url(base_url)
@@ -72,7 +74,7 @@ class AsyncClient:
         self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
-            headers=calls.auth_headers(token),
+            headers=calls.auth_headers(token, namespace),
             timeout=timeout,
             transport=transport,
         )
@@ -458,3 +460,7 @@ class AsyncClient:
 
     async def projections(self) -> Projections:
         return await self._send(calls.projections())
+
+    async def whoami(self) -> Whoami:
+        """The namespace and role this client's token reaches, and the namespace's quotas."""
+        return await self._send(calls.whoami())

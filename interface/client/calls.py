@@ -44,6 +44,7 @@ from turnlog.interface.client.models import (
     ToolCallRow,
     Turn,
     TurnWritten,
+    Whoami,
     Workers,
 )
 
@@ -77,6 +78,7 @@ ROUTES: dict[tuple[str, str], str] = {
     ("GET", "/v1/tool-calls/activity"): "tool_call_activity",
     ("GET", "/v1/workers"): "workers",
     ("GET", "/v1/projections"): "projections",
+    ("GET", "/v1/whoami"): "whoami",
 }
 ApprovalPolicy = Literal["none", "side_effecting", "all"]
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -157,8 +159,12 @@ def check_base_url(base_url: str) -> str:
     return base_url.rstrip("/")
 
 
-def auth_headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def auth_headers(token: str | None, namespace: str | None = None) -> dict[str, str]:
+    """The token's header, and (for an admin token) the namespace to reach."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if namespace:
+        headers["X-Turnlog-Namespace"] = namespace
+    return headers
 
 
 def _not_turnlog(response: httpx.Response, why: str) -> NotATurnlogServer:
@@ -446,6 +452,10 @@ def workers() -> Call[Workers]:
 
 def projections() -> Call[Projections]:
     return Call("GET", "/v1/projections", Projections, safe=True)
+
+
+def whoami() -> Call[Whoami]:
+    return Call("GET", "/v1/whoami", Whoami, safe=True)
 
 
 # ------------------------------------------------------------- event streams

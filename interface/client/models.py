@@ -345,6 +345,16 @@ class Projection(Model):
     holder: str | None
 
 
+class Whoami(Model):
+    """The namespace and role a token reaches (``GET /v1/whoami``)."""
+
+    namespace: str
+    role: str
+    token: str | None
+    namespaces: list[str]
+    quotas: dict[str, int]
+
+
 class Workers(Model):
     items: list[Worker]
 
@@ -471,6 +481,7 @@ OPENAPI_NAMES: dict[type[BaseModel], str] = {
     Page[ToolCallRow]: "Page_ToolCallRow_",
     Worker: "WorkerOut",
     Workers: "WorkersOut",
+    Whoami: "WhoamiOut",
     Projection: "ProjectionOut",
     Projections: "ProjectionsOut",
     PurgeRecord: "PurgeOut",

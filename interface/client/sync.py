@@ -41,6 +41,7 @@ from turnlog.interface.client.models import (
     ToolCallRow,
     Turn,
     TurnWritten,
+    Whoami,
     Workers,
 )
 
@@ -64,6 +65,7 @@ class Client:
         *,
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
+        namespace: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.base_url = calls.check_base_url(base_url)
@@ -71,7 +73,7 @@ class Client:
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers=calls.auth_headers(token),
+            headers=calls.auth_headers(token, namespace),
             timeout=timeout,
             transport=transport,
         )
@@ -446,3 +448,7 @@ class Client:
 
     def projections(self) -> Projections:
         return self._send(calls.projections())
+
+    def whoami(self) -> Whoami:
+        """The namespace and role this client's token reaches, and the namespace's quotas."""
+        return self._send(calls.whoami())

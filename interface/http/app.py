@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,8 +32,10 @@ from fastapi_offline import FastAPIOffline
 from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.purge import forget_purged
 from turnlog.application.purge_watch import PurgeWatch
+from turnlog.application.quotas import QuotaGate
 from turnlog.application.settings import Settings
 from turnlog.application.store.topics import PURGE_MARK
+from turnlog.application.tenants import Quotas, Tenants, load_tenants, scoped_settings
 from turnlog.interface import console
 from turnlog.interface.bootstrap import build_process
 from turnlog.interface.http import errors
@@ -43,9 +48,10 @@ from turnlog.interface.http.middleware import (
     RequestIdMiddleware,
     TokenMiddleware,
 )
-from turnlog.interface.http.routes import events, listings, ops, purge, sessions, turns
-from turnlog.interface.http.state import AppState, Options
+from turnlog.interface.http.routes import events, identity, listings, ops, purge, sessions, turns
+from turnlog.interface.http.state import AppState, Options, StateCounts
 from turnlog.interface.http.streams import StreamSlots
+from turnlog.interface.http.tenancy import Tenancy
 from turnlog.interface.metrics import RetentionCollector
 from turnlog.interface.purging import retention_job
 from turnlog.interface.roles import Role
@@ -62,17 +68,31 @@ def create_app(
     options: Options | None = None,
     worker_concurrency: int = 4,
 ) -> FastAPI:
-    """The HTTP app of one process, which it builds, starts and stops."""
+    """The HTTP app of one process, which it builds, starts and stops.
+
+    With ``TURNLOG_TENANTS_FILE`` it serves every namespace the file names, a
+    process of parts for each (``interface.http.tenancy``); else the one of
+    ``TURNLOG_NAMESPACE``.
+    """
     role = Role(role)
-    process = build_process(settings, role, worker_concurrency=worker_concurrency)
+    tenants = _tenants(settings)
     options = options or Options()
     streams = StreamSlots(options.max_streams)
-    state = AppState(
-        process=process,
-        options=options,
-        streams=streams,
-        metrics=Metrics(process, streams),
-    )
+    draining = threading.Event()
+    states: dict[str, AppState] = {}
+    for scoped in scoped_settings(settings, tenants):
+        namespace = scoped.namespace
+        process = build_process(scoped, role, worker_concurrency=worker_concurrency)
+        state = AppState(process, options, streams, Metrics(process, streams), draining)
+        process.observer = state.metrics.execution
+        states[namespace] = state
+    default = settings.namespace if settings.namespace in states else min(states)
+    tenancy = Tenancy(states, default, settings.tenants_file, tenants)
+    if tenants is not None:
+        for namespace, state in states.items():
+            state.quota = QuotaGate(
+                namespace, functools.partial(_quotas_of, tenancy, namespace), StateCounts(state)
+            )
     # /docs and /redoc load their scripts and styles from this package's own
     # files (fastapi-offline), not a CDN: the reference works without internet.
     app = FastAPIOffline(
@@ -82,49 +102,86 @@ def create_app(
         lifespan=_lifespan,
         static_url="/docs-assets",
     )
-    app.state.turnlog = state
-    process.observer = state.metrics.execution
+    app.state.turnlog = tenancy.state(None)
+    app.state.tenancy = tenancy
     errors.install(app)
     # Added last runs first: request id → metrics → token → body limit → routing.
     # The token is checked before any body is read or parsed.
     app.add_middleware(BodyLimitMiddleware, limit=options.max_body_bytes)
     token = settings.api_token.get_secret_value() if settings.api_token is not None else None
-    app.add_middleware(TokenMiddleware, token=token if role.serves_api else None)
-    app.add_middleware(MetricsMiddleware, observe=state.metrics.observe)
+    app.add_middleware(
+        TokenMiddleware,
+        token=token if role.serves_api else None,
+        tenancy=tenancy if role.serves_api else None,
+        routes=lambda: app.router.routes,
+    )
+    app.add_middleware(MetricsMiddleware, observe=tenancy.observe)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(ops.router)
     if role.serves_api:
         # Security is declared (and documented) only when a token is configured.
         guards = [Depends(database_fails_fast), Depends(known_query_only)]
-        if settings.api_token is not None:
+        if settings.api_token is not None or tenants is not None:
             guards.insert(0, Depends(require_token))
-        for module in (sessions, turns, events, listings, purge):
+        for module in (sessions, turns, events, listings, purge, identity):
             app.include_router(module.router, dependencies=guards)
         console.install(app, guards)  # pages open, data behind the same guards
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
+def _tenants(settings: Settings) -> Tenants | None:
+    return None if settings.tenants_file is None else load_tenants(settings.tenants_file)
+
+
+def _quotas_of(tenancy: Tenancy, namespace: str) -> Quotas:
+    tenants = tenancy.tenants
+    return tenants.quotas_of(namespace) if tenants is not None else Quotas()
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    state: AppState = app.state.turnlog
-    retry: asyncio.Task[None] | None = None
-    if not await _start(state):
-        retry = asyncio.create_task(_keep_starting(state), name="turnlog-start")
+    tenancy: Tenancy = app.state.tenancy
+    retries: list[asyncio.Task[None]] = []
+    for namespace, state in tenancy.all():
+        if not await _start(state):
+            retries.append(
+                asyncio.create_task(_keep_starting(state), name=f"turnlog-start-{namespace}")
+            )
+    reloading = _on_sighup(tenancy)
     try:
         yield
     finally:
-        state.draining.set()
-        if retry is not None:
+        if reloading:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        for state in tenancy.states.values():
+            state.draining.set()
+        for retry in retries:
             retry.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await retry
-        state.waits.detach()
-        state.waits.wake_all()  # every waiter re-checks and sees the shutdown
-        for job in (state.retention, state.purges):
-            if job is not None:
-                await run_in_threadpool(job.stop)
-        await run_in_threadpool(state.process.stop, state.options.drain_timeout)
+        for state in tenancy.states.values():
+            await _stop(state)
+
+
+def _on_sighup(tenancy: Tenancy) -> bool:
+    """Re-read the tenants file on SIGHUP (only where the loop can take signals)."""
+    if tenancy.path is None:
+        return False
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, tenancy.reload)
+    except (RuntimeError, ValueError, NotImplementedError):
+        return False  # not the main thread (a test's client): reload() is called directly
+    return True
+
+
+async def _stop(state: AppState) -> None:
+    state.waits.detach()
+    state.waits.wake_all()  # every waiter re-checks and sees the shutdown
+    for job in (state.retention, state.purges):
+        if job is not None:
+            await run_in_threadpool(job.stop)
+    await run_in_threadpool(state.process.stop, state.options.drain_timeout)
 
 
 async def _start(state: AppState) -> bool:

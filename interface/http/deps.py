@@ -23,6 +23,7 @@ from turnlog.application.sessions import Sessions
 from turnlog.application.store.history import History
 from turnlog.application.store.pool import fail_fast
 from turnlog.interface.http.state import AppState
+from turnlog.interface.http.tenancy import Tenancy
 from turnlog.interface.problems import InvalidRequest, NotReady, ReadModelLagging, Unauthorized
 from turnlog.projections import ReadModels
 
@@ -30,8 +31,13 @@ _bearer = HTTPBearer(auto_error=False, description="The server's TURNLOG_API_TOK
 
 
 async def get_state(request: Request) -> AppState:
-    state: AppState = request.app.state.turnlog
-    return state
+    """The request's namespace's parts (the token's, with a tenants file: TokenMiddleware)."""
+    return state_of(request)
+
+
+def state_of(request: Request) -> AppState:
+    tenancy: Tenancy = request.app.state.tenancy
+    return tenancy.state(request.scope.get("state", {}).get("namespace"))
 
 
 StateDep = Annotated[AppState, Depends(get_state)]
@@ -87,6 +93,18 @@ async def require_token(
     # Constant time: the comparison must not tell how much of a guess was right.
     if not hmac.compare_digest(given.encode(), token.get_secret_value().encode()):
         raise Unauthorized("a valid bearer token is required (Authorization: Bearer <token>)")
+
+
+async def admits_session(state: StateDep) -> None:
+    """A new session (a create or a fork) within the namespace's quotas, or 429."""
+    if state.quota is not None:
+        await run_in_threadpool(state.quota.admit_session)
+
+
+async def admits_turn(state: StateDep) -> None:
+    """A new turn within the namespace's quotas, or 429; nothing is written when refused."""
+    if state.quota is not None:
+        await run_in_threadpool(state.quota.admit_turn)
 
 
 async def database_fails_fast() -> None:

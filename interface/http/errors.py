@@ -104,7 +104,8 @@ async def _validation(request: Request, exc: Exception) -> ProblemResponse:
 async def _purged_or(request: Request, exc: SessionNotFound) -> Exception:
     """A route's "no such session" for a purged session is 410 ``session_purged``."""
     raw = request.path_params.get("session_id")
-    state = getattr(request.app.state, "turnlog", None)
+    tenancy = getattr(request.app.state, "tenancy", None)
+    state = tenancy.state(request.scope.get("state", {}).get("namespace")) if tenancy else None
     runtime = state.process.runtime if state is not None else None
     if raw is None or runtime is None:
         return exc

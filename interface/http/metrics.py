@@ -74,7 +74,10 @@ class Metrics:
         # What this process runs: the executor reports to ``execution`` (see interface.bootstrap).
         self.execution = register_process_metrics(self.registry, process)
 
-    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+    def observe(
+        self, method: str, route: str, status: int, seconds: float, namespace: str | None = None
+    ) -> None:
+        """Count one request (``namespace``: the tenancy's, which picks this registry)."""
         self.requests.labels(method, route, str(status)).inc()
         self.latency.labels(method, route).observe(seconds)
 

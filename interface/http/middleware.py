@@ -14,17 +14,22 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from fastapi.routing import iter_route_contexts
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from turnlog.application.log_context import only
 from turnlog.interface.http.errors import PROBLEM_MEDIA_TYPE, problem_bytes, problem_headers
+from turnlog.interface.http.tenancy import NAMESPACE_HEADER, Tenancy, needed
 from turnlog.interface.problems import (
     InvalidRequest,
+    NamespaceNotFound,
     PayloadTooLarge,
     Problem,
+    RoleForbidden,
     Unauthorized,
     problem_for,
 )
@@ -130,23 +135,87 @@ class TokenMiddleware:
     The routes' own dependency (``require_token``) runs only after FastAPI has
     read and parsed the body, so a malformed body without a token was answered
     with the parser's 422; checking here answers 401 first, for every method.
+
+    With a tenants file (``tenancy.multi``) the token's hash names its grant:
+    the request's namespace and whether its role allows the route
+    (``interface.http.tenancy``); both land in the request's state.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str | None,
+        tenancy: Tenancy | None = None,
+        routes: Callable[[], Sequence[BaseRoute]] | None = None,
+    ) -> None:
         self.app = app
         self.token = token.encode() if token is not None else None
+        self.tenancy = tenancy if tenancy is not None and tenancy.multi else None
+        self.routes = routes
+        self._templates: list[tuple[re.Pattern[str], frozenset[str], str]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is None or scope["type"] != "http" or not _guarded(scope.get("path", "")):
+        if scope["type"] != "http" or not _guarded(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
-        # Constant time: the comparison must not tell how much of a guess was right.
-        if hmac.compare_digest(_bearer(scope), self.token):
+        if self.tenancy is not None:
+            refused = self._admit(scope, self.tenancy)
+            if refused is None:
+                await self.app(scope, receive, send)
+                return
+        elif self.token is None or hmac.compare_digest(_bearer(scope), self.token):
+            # Constant time: the comparison must not tell how much of a guess was right.
             await self.app(scope, receive, send)
             return
-        problem = problem_for(Unauthorized(UNAUTHORIZED))
+        else:
+            refused = Unauthorized(UNAUTHORIZED)
+        problem = problem_for(refused)
         assert problem is not None
         await send_problem(send, problem, scope.get("state", {}).get("request_id"))
+
+    def _admit(self, scope: Scope, tenancy: Tenancy) -> Exception | None:
+        grant = tenancy.grant_for(_bearer(scope))
+        if grant is None:
+            return Unauthorized(UNAUTHORIZED)
+        asked = _header(scope, NAMESPACE_HEADER)
+        namespace = tenancy.namespace_for(grant, asked)
+        if namespace is None:
+            # The same answer for a namespace that exists and one that does not.
+            return NamespaceNotFound(f"no namespace {asked!r} is reachable with this token")
+        method = scope.get("method", "GET")
+        access = needed(method, self._template(scope))
+        if not grant.access.allows(access):
+            return RoleForbidden(
+                f"the token's role {grant.access} cannot {method} this route; it needs {access}",
+                role=str(grant.access),
+                needed=str(access),
+            )
+        state = scope.setdefault("state", {})
+        state["namespace"] = namespace
+        state["grant"] = grant
+        return None
+
+    def _template(self, scope: Scope) -> str:
+        """The template of the route that serves this path and method ('' for none)."""
+        if self._templates is None:
+            routes = self.routes() if self.routes is not None else ()
+            self._templates = [
+                (regex, frozenset(r.methods or ()), str(r.path))
+                for r in iter_route_contexts(list(routes))
+                if (regex := getattr(r, "path_regex", None)) is not None
+            ]
+        path, method = scope.get("path", ""), scope.get("method", "")
+        for regex, methods, template in self._templates:
+            if method in methods and regex.match(path):
+                return template
+        return ""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
 
 
 def _guarded(path: str) -> bool:
@@ -281,7 +350,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 class MetricsMiddleware:
     """Count requests by method, route template and status; time them."""
 
-    def __init__(self, app: ASGIApp, observe: Callable[[str, str, int, float], Any]) -> None:
+    def __init__(
+        self, app: ASGIApp, observe: Callable[[str, str, int, float, str | None], Any]
+    ) -> None:
         self.app = app
         self.observe = observe
 
@@ -304,4 +375,6 @@ class MetricsMiddleware:
             route = scope.get("route")
             # The template, not the path: ids in paths would explode the label space.
             template = getattr(route, "path", None) or "unmatched"
-            self.observe(scope.get("method", ""), template, status, time.perf_counter() - started)
+            namespace = scope.get("state", {}).get("namespace")
+            elapsed = time.perf_counter() - started
+            self.observe(scope.get("method", ""), template, status, elapsed, namespace)

@@ -420,12 +420,14 @@ class ProblemOut(BaseModel):
 
 _DESCRIPTIONS = {
     401: "Missing or wrong bearer token (`unauthorized`).",
+    403: "The token's role does not allow this route (`role_forbidden`; a tenants file).",
     404: "No such session, turn or tool call.",
     409: "The session's state forbids this (`turn_in_progress`, `unresolved_turn`, "
     "`session_closed`, `idempotency_key_reused`, `invalid_transition`, …).",
     410: "The session was purged (`session_purged`): its events are gone, a record stays.",
     413: "Body over 1 MiB (`payload_too_large`).",
     422: "Invalid input (`validation_error`, `invalid_message`, `invalid_operator_action`).",
+    429: "The namespace's quota would be passed (`quota_exceeded`); see Retry-After.",
     503: "Database unreachable, read model lagging or server starting; see Retry-After.",
 }
 
@@ -433,8 +435,11 @@ _DESCRIPTIONS = {
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for the problems a route can answer with.
 
-    A route that answers 404 for an unknown session answers 410 for a purged one.
+    A route that answers 404 for an unknown session answers 410 for a purged one,
+    and one behind the token may answer 403 for a role that does not allow it.
     """
     if 404 in statuses and 410 not in statuses:
         statuses = (*statuses, 410)
+    if 401 in statuses and 403 not in statuses:
+        statuses = (*statuses, 403)  # a token's role (a tenants file) can refuse any route
     return {s: {"model": ProblemOut, "description": _DESCRIPTIONS[s]} for s in statuses}

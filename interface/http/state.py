@@ -5,13 +5,17 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from turnlog.application.errors import DatabaseUnavailable
 from turnlog.application.purge_watch import PurgeWatch
+from turnlog.application.quotas import QuotaGate
 from turnlog.application.retention import RetentionJob
+from turnlog.application.store.database import stored_bytes
 from turnlog.application.store.history import History
 from turnlog.interface.bootstrap import Process
 from turnlog.interface.http.metrics import Metrics
 from turnlog.interface.http.streams import StreamSlots
 from turnlog.interface.http.waits import TurnWaits
+from turnlog.projections import ReadModels
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,34 @@ class AppState:
     history: History | None = None
     retention: RetentionJob | None = None  # TURNLOG_RETENTION_DAYS's background job
     purges: PurgeWatch | None = None  # forgets sessions other processes purged
+    quota: QuotaGate | None = None  # the namespace's quotas (with a tenants file)
     waits: TurnWaits = field(init=False)
 
     def __post_init__(self) -> None:
         self.waits = TurnWaits(self.options.max_waits)
+
+
+@dataclass
+class StateCounts:
+    """A namespace's use, as its quotas count it (``application.quotas``)."""
+
+    state: AppState
+
+    def running_turns(self) -> int:
+        reads = self._reads()
+        return reads.count_open_turns("queued") + reads.count_open_turns("running")
+
+    def sessions(self) -> int:
+        return self._reads().count_sessions()
+
+    def stored_bytes(self) -> int:
+        runtime = self.state.process.runtime
+        if runtime is None:
+            raise DatabaseUnavailable("the namespace is not started yet")
+        return stored_bytes(runtime.db, runtime.settings.namespace)
+
+    def _reads(self) -> ReadModels:
+        reads = self.state.process.read_models
+        if reads is None:
+            raise DatabaseUnavailable("the namespace's read models are not started yet")
+        return reads

@@ -11,6 +11,7 @@
 (() => {
   const TOKEN = "turnlog.token";
   const ACTOR = "turnlog.actor";
+  const NAMESPACE = "turnlog.namespace";
   const store = window.sessionStorage;
   const $ = (selector, root = document) => root.querySelector(selector);
   const $$ = (selector, root = document) => Array.from(root.querySelectorAll(selector));
@@ -23,7 +24,9 @@
 
   function withToken(headers = {}) {
     const token = store.getItem(TOKEN);
-    return token ? { ...headers, Authorization: `Bearer ${token}` } : headers;
+    const namespace = store.getItem(NAMESPACE);
+    const scoped = namespace ? { ...headers, "X-Turnlog-Namespace": namespace } : headers;
+    return token ? { ...scoped, Authorization: `Bearer ${token}` } : scoped;
   }
 
   async function request(url, init = {}) {
@@ -81,13 +84,47 @@
       $("#auth").hidden = true;
       $("#main").hidden = false;
       $("#forget-token").hidden = false;
+      showNamespace();
       resume();
     });
     $("#forget-token").addEventListener("click", () => {
       store.removeItem(TOKEN);
+      store.removeItem(NAMESPACE);
       window.location.reload();
     });
     $("#forget-token").hidden = store.getItem(TOKEN) === null;
+    showNamespace();
+  }
+
+  /** The namespace the token reaches; an admin's token gets a picker of every one served. */
+  async function showNamespace() {
+    const place = $("#namespace");
+    let who;
+    try {
+      const response = await fetch("/v1/whoami", { headers: withToken(), credentials: "omit" });
+      if (!response.ok) return;
+      who = await response.json();
+    } catch {
+      return;
+    }
+    if (who.namespaces.length < 2) {
+      place.textContent = who.namespace;
+      place.hidden = false;
+      return;
+    }
+    const picker = document.createElement("select");
+    picker.id = "namespace-picker";
+    picker.setAttribute("aria-label", "Namespace");
+    for (const name of who.namespaces) {
+      const option = new Option(name, name, false, name === who.namespace);
+      picker.append(option);
+    }
+    picker.addEventListener("change", () => {
+      store.setItem(NAMESPACE, picker.value);
+      window.location.assign("/console");
+    });
+    place.replaceChildren(picker);
+    place.hidden = false;
   }
 
   // ----------------------------------------------------------------- fragments

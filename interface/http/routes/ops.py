@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from turnlog.interface.bootstrap import sandbox_state
 from turnlog.interface.http.deps import StateDep
 from turnlog.interface.http.schemas import HealthOut, ReadyOut, problems
+from turnlog.interface.http.tenancy import Tenancy
 from turnlog.interface.problems import NotReady
 
 router = APIRouter(tags=["operations"])
@@ -23,11 +24,17 @@ async def healthz() -> HealthOut:
 
 
 @router.get("/readyz", response_model=ReadyOut, responses=problems(503))
-def readyz(state: StateDep) -> ReadyOut:
+def readyz(state: StateDep, request: Request) -> ReadyOut:
     """Readiness: started, the database answers, and this process's worker and
-    projection runners (if its role runs them) are up."""
-    checks = state.process.checks()
-    checks["database"] = _database_answers(state)
+    projection runners (if its role runs them) are up; with a tenants file, in
+    every namespace it serves (a check fails if it fails in one)."""
+    tenancy: Tenancy = request.app.state.tenancy
+    checks: dict[str, bool] = {}
+    for _, one in tenancy.all():
+        these = one.process.checks()
+        these["database"] = _database_answers(one)
+        for name, ok in these.items():
+            checks[name] = checks.get(name, True) and ok
     checks["accepting"] = not state.draining.is_set()
     horizon = _horizon(state) if checks["database"] else None
     if not all(checks.values()):
@@ -71,6 +78,9 @@ def _database_answers(state: StateDep) -> bool:
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
 )
-def metrics(state: StateDep) -> Response:
-    """Prometheus metrics: requests, turn and tool-call outcomes, open turns, projection lag."""
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+def metrics(request: Request) -> Response:
+    """Prometheus metrics: requests, turn and tool-call outcomes, open turns, projection lag.
+
+    With a tenants file, every sample carries the ``namespace`` it counts."""
+    tenancy: Tenancy = request.app.state.tenancy
+    return Response(tenancy.render_metrics(), media_type=CONTENT_TYPE_LATEST)

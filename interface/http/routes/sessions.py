@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.forks import fork_session
@@ -21,6 +21,7 @@ from turnlog.interface.http.deps import (
     RuntimeDep,
     SessionsDep,
     StateDep,
+    admits_session,
     caught_up,
 )
 from turnlog.interface.http.listing_schemas import Page, SessionRow
@@ -45,7 +46,8 @@ router = APIRouter(prefix="/v1", tags=["sessions"], route_class=ReadRetryRoute)
     "/sessions",
     status_code=201,
     response_model=SessionWritten,
-    responses=problems(401, 409, 410, 413, 422, 503),
+    responses=problems(401, 409, 410, 413, 422, 429, 503),
+    dependencies=[Depends(admits_session)],
 )
 def create_session(
     body: CreateSessionRequest,
@@ -83,7 +85,8 @@ def create_session(
     "/sessions/{session_id}/fork",
     status_code=201,
     response_model=SessionWritten,
-    responses=problems(401, 404, 409, 410, 413, 422, 503),
+    responses=problems(401, 404, 409, 410, 413, 422, 429, 503),
+    dependencies=[Depends(admits_session)],
 )
 def fork(
     session_id: UUID,

@@ -6,7 +6,7 @@ import functools
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from fastapi.concurrency import run_in_threadpool
 
 from turnlog.application.sessions import Submitted
@@ -16,6 +16,7 @@ from turnlog.interface.http.deps import (
     RuntimeDep,
     SessionsDep,
     StateDep,
+    admits_turn,
 )
 from turnlog.interface.http.reads import ReadRetryRoute
 from turnlog.interface.http.schemas import (
@@ -46,8 +47,9 @@ def _turn_written(session_id: UUID, view: dict[str, Any], position: int | None) 
     response_model=TurnWritten,
     responses={
         200: {"model": TurnWritten, "description": "The turn finished within `wait`."},
-        **problems(401, 404, 409, 413, 422, 503),
+        **problems(401, 404, 409, 413, 422, 429, 503),
     },
+    dependencies=[Depends(admits_turn)],
 )
 async def submit_turn(
     session_id: UUID,
