@@ -31,6 +31,12 @@ class SessionCache:
         self._earlier: dict[UUID, tuple[int, int, Session]] = {}
         self._known: dict[UUID, list[Any]] = {}
 
+    def clear(self) -> None:
+        """Drop everything kept (the database restarted: it may hold commits it lost)."""
+        with self._lock:
+            self._known.clear()
+            self._earlier.clear()
+
     def forget(self, session_id: UUID) -> None:
         """Drop everything kept of a session (it was purged)."""
         with self._lock:

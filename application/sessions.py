@@ -27,9 +27,11 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
-from turnlog.application.store import lost_commits, purges, session_log, version_ranges
+from turnlog.application.store import epoch as store_epoch
+from turnlog.application.store import purges, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
+from turnlog.domain.durability import may_ride
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
     Session,
@@ -86,6 +88,7 @@ class Sessions(Application[UUID]):
         # has committed, and of other processes' news by the follower (attach).
         self.news = NewsFeed()
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
+        self.epoch = store_epoch.watch(self)
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.
@@ -142,12 +145,15 @@ class Sessions(Application[UUID]):
                 aggregate = event.mutate(aggregate)
             return aggregate
 
+        epoch = self.epoch.current() if self.epoch else None  # before: a restart meanwhile tells
         try:
             session: Any = self.repository.get(session_id, projector_func=project)
         except AggregateNotFoundError:
             raise self.missing(session_id) from None
         if not isinstance(session, Session):
             raise self.missing(session_id)
+        if self.epoch:
+            self.epoch.stamp(session, epoch)
         self.complete_ranges(session)
         return session
 
@@ -363,7 +369,7 @@ class Sessions(Application[UUID]):
     def save_new(self, session: Session) -> Written:
         """Save a session just begun (its first events), a lost commit settled."""
         pending = list(session.pending_events)
-        position = lost_commits.save(self, session)
+        position = store_epoch.save(self, session, False)
         self._tell_saved(session.id, pending)
         return Written(session.id, session.version, position)
 
@@ -453,8 +459,9 @@ class Sessions(Application[UUID]):
             if not session.pending_events:
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
+            rides = may_ride(session.calls, pending)
             try:
-                position = lost_commits.save(self, session)
+                position = store_epoch.save(self, session, rides)
             except IntegrityError:
                 if attempt == attempts:
                     raise ConcurrentModification(

@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
@@ -452,19 +453,37 @@ def fold_batch(
     return fold_together(view.datastore, [Fold(view, projection, expected, events)])[0]
 
 
-def fold_together(datastore: PostgresDatastore, folds: Sequence[Fold]) -> list[Place]:
+class ServerRestarted(Exception):
+    """The events were read before the database restarted: the restart may have lost some."""
+
+
+_SAME_EPOCH = "SELECT pg_postmaster_start_time() = %s::timestamptz"
+
+
+def fold_together(
+    datastore: PostgresDatastore, folds: Sequence[Fold], epoch: datetime | None = None
+) -> list[Place]:
     """Apply each fold to its view as one batch, all of them in ONE transaction.
 
     Returns each view's new place. One commit for several read models: every
-    view moves on, or (on any error) none does.
+    view moves on, or (on any error) none does. ``epoch``: when the server the
+    events were read from had started (``store.epoch``); the fold is refused
+    (``ServerRestarted``) if it has started again since, as a commit that rode
+    and was visible then may be gone.
     """
     live = [f for f in folds if f.events]
     if not live:
         return [f.expected for f in folds]
     with datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
         try:
+            same = conn.execute(_SAME_EPOCH, [epoch]) if epoch is not None else None
             for opened in [fold.view.load(conn, scopes_of(fold)) for fold in live]:
                 opened()
+            if same is not None and not _first(same.fetchone()):
+                raise ServerRestarted(
+                    f"the database restarted after these events were read (it had started"
+                    f" at {epoch}): they are read again"
+                )
             for fold in live:
                 for event, tracking in fold.events:
                     fold.projection.process_event(event, tracking)
@@ -484,3 +503,9 @@ def scopes_of(fold: Fold) -> list[Key]:
     """The scopes (row groups) a fold's events touch."""
     scoped = (fold.view.table.scope_of(event) for event, _ in fold.events)
     return [scope for scope in scoped if scope is not None]
+
+
+def _first(row: Any) -> Any:
+    if row is None:
+        return None
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]

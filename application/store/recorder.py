@@ -59,8 +59,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.persistence import OperationalError as PersistenceOperationalError
-from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg import Connection, Cursor, InterfaceError, OperationalError
@@ -69,8 +69,14 @@ from psycopg.sql import SQL
 
 from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
+from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store.database import rendered
-from turnlog.application.store.lost_commits import CommitOutcomeUnknown, unanswered
+from turnlog.application.store.lost_commits import (
+    EPOCH,
+    RIDES,
+    CommitOutcomeUnknown,
+    unanswered,
+)
 
 
 def _quoted(name: str) -> str:
@@ -351,7 +357,11 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         )
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
         self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
+        self._insert_riding = rendered(
+            chain.insert_statement(schema, self.events_table_name, riding=True)
+        )
         self.notifier = Notifier(self.datastore, self.channel_name)
+        self.epoch = store_epoch.of(self.datastore)
         # The factory flushes it when the application closes (application/store/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
@@ -409,27 +419,30 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             [e.originator_version for e in stored_events],
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
+            kwargs.get(EPOCH),
+            kwargs.get(EPOCH),
         )
         # The insert is its own transaction (one autocommit statement, or BEGIN …
         # COMMIT ahead of its NOTIFY in one pipeline). Notified after it ended, also
         # when it failed (and then at once): a failed insert held the horizon back
         # while it ran, and readers waiting behind it should look again.
+        insert = self._insert_riding if kwargs.get(RIDES) else self._insert
         taken = self.notifier.take_now(params[2], params[0], params[1])
         stored = sent = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 sent = True
                 if taken is None:
-                    curs.execute(self._insert, params, prepare=True)
+                    curs.execute(insert, params, prepare=True)
                 else:
-                    self._insert_notifying(conn, curs, params, taken.payload)
+                    self._insert_notifying(conn, curs, insert, params, taken.payload)
                 rows = curs.fetchall()
-            stored = True
+            stored = bool(rows)
         except PersistenceOperationalError as exc:
             # Sent, and no answer: stored or not, nobody knows yet (store.lost_commits).
             if sent and unanswered(exc):
                 detail = (str(exc).strip().splitlines() or ["connection lost"])[0]
-                raise CommitOutcomeUnknown(detail, stored_events) from exc
+                raise CommitOutcomeUnknown(detail, stored_events, kwargs) from exc
             raise
         finally:
             if stored:
@@ -441,10 +454,31 @@ class TurnlogRecorder(PostgresApplicationRecorder):
                 self.notifier.give_back(taken)
             else:
                 self.notifier.notify()
-        return [int(next(iter(row.values()))) for row in rows]
+        if not rows:
+            raise self._refused(stored_events[0], kwargs.get(EPOCH))
+        self.epoch.saved_in(rows[0]["epoch"])
+        return [int(row["notification_id"]) for row in rows]
+
+    def _refused(self, first: StoredEvent, epoch: Any) -> IntegrityError:
+        """Why the insert stored nothing: the server restarted since, or a gap (a conflict)."""
+        with self.datastore.get_connection() as conn:
+            row = conn.execute(store_epoch.STATEMENT).fetchone()
+        now = next(iter(row.values())) if row else None
+        if epoch is not None and now is not None and now != epoch:
+            self.epoch.learned(now)
+            return IntegrityError(
+                f"session {first.originator_id}: the database restarted after this process"
+                " read the session; it is read again"
+            )
+        return _gap(first)
 
     def _insert_notifying(
-        self, conn: Connection[Any], curs: Cursor[Any], params: tuple[Any, ...], payload: str
+        self,
+        conn: Connection[Any],
+        curs: Cursor[Any],
+        insert: bytes,
+        params: tuple[Any, ...],
+        payload: str,
     ) -> None:
         """The insert in a transaction of its own, then its NOTIFY in another: one round trip.
 
@@ -454,6 +488,26 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         """
         with conn.pipeline():
             conn.execute(_BEGIN, prepare=True)
-            curs.execute(self._insert, params, prepare=True)
+            curs.execute(insert, params, prepare=True)
             conn.execute(_COMMIT, prepare=True)
             conn.execute(self.notifier.statement, (self.channel_name, payload), prepare=True)
+
+
+def _gap(first: StoredEvent) -> IntegrityError:
+    """The insert stored nothing: the stream's event before this save's first is missing.
+
+    A commit that rode (``domain.durability``) was lost in a crash of the
+    database, and this writer's copy of the session still held it. Reported
+    as a conflict: the writer reloads the session from what is stored and
+    decides again (a fenced step finds its claim gone, and stops).
+    """
+    log.warning(
+        "session %s: version %d is missing, so version %d was not stored (a commit lost"
+        " in a crash of the database); the session is read again",
+        first.originator_id,
+        first.originator_version - 1,
+        first.originator_version,
+    )
+    return IntegrityError(
+        f"session {first.originator_id}: version {first.originator_version - 1} is missing"
+    )
