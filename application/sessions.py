@@ -79,10 +79,12 @@ class Sessions(Application[UUID]):
         env: dict[str, str] | None = None,
         snapshot_interval: int = 100,
         snapshot_keep: int = 2,
+        riding: bool = True,
     ) -> None:
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
+        self.riding = riding  # saves that may be lost may ride on the next flush
         self.cache = SessionCache()
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
@@ -459,7 +461,7 @@ class Sessions(Application[UUID]):
             if not session.pending_events:
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
-            rides = may_ride(session.calls, pending)
+            rides = self.riding and may_ride(session.calls, pending)
             try:
                 position = store_epoch.save(self, session, rides)
             except IntegrityError:

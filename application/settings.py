@@ -67,6 +67,13 @@ class Settings(BaseSettings):
     snapshot_interval: int = Field(
         default=100, ge=2, description="Take a snapshot every N events of a session."
     )
+    durability: Literal["by_class", "every_step"] = Field(
+        default="by_class",
+        description="Which saves wait for the disk: `by_class` lets a claim, a model reply"
+        " asking for tools and a read-only or idempotent call's outcome ride on the next"
+        " flush (a database crash may lose them: the step runs again; docs/durability.md);"
+        " `every_step` makes every save wait.",
+    )
     context_max_turns: int | None = Field(
         default=None,
         ge=1,

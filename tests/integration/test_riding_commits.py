@@ -15,6 +15,7 @@ from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store import chain, lost_commits
 from turnlog.application.store.lost_commits import RIDES
+from turnlog.interface.bootstrap import build_runtime
 from turnlog.projections import ReadModels, read_models
 from turnlog.projections.view import Fold, ServerRestarted, fold_together
 
@@ -149,3 +150,12 @@ def test_a_page_read_before_a_restart_is_not_folded(runtime: Runtime) -> None:
     with psycopg.connect(runtime.db.conninfo) as conn:
         (started,) = conn.execute("SELECT pg_postmaster_start_time()").fetchone() or (None,)
     assert started == page.epoch
+
+
+def test_every_step_makes_every_save_wait_for_the_disk(settings: Settings) -> None:
+    strict = build_runtime(settings.model_copy(update={"durability": "every_step"}))
+    try:
+        saves = saves_of_a_turn(strict, '/tool echo {"text": "hi"}')
+    finally:
+        strict.close()
+    assert len(saves) == 6 and not any(rode for _, rode in saves)
