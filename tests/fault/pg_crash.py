@@ -49,7 +49,6 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,22 +58,26 @@ from uuid import UUID
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 import psycopg  # noqa: E402
 from eventsourcing.persistence import StoredEvent  # noqa: E402
 from psycopg import sql  # noqa: E402
 
 from tests import deadlines  # noqa: E402
-from tests.conftest import turnlog  # noqa: E402
-from tests.fault.campaign import FINISHED, PROBED, Client, Workload  # noqa: E402
-from tests.fault.cluster import Cluster, Process, free_port, poll  # noqa: E402
-from tests.fault.failover import ToolModel, say  # noqa: E402
+from tests.fault.campaign import PROBED, Client, Workload  # noqa: E402
+from tests.fault.cluster import Process, free_port  # noqa: E402
+from tests.fault.failover import (  # noqa: E402
+    ToolModel,
+    first_turn_after,
+    new_session,
+    say,
+    served_cluster,
+    start_serve,
+    verified,
+)
 from tests.fault.pg_pair import Node, binaries, run_as  # noqa: E402
 from tests.fault.record import Record, check  # noqa: E402
 from tests.openai_stub import Answer, Received  # noqa: E402
-from turnlog.application.settings import Settings  # noqa: E402
 from turnlog.application.store import logorder  # noqa: E402
-from turnlog.application.store.database import locate  # noqa: E402
 
 GAP = re.compile(r"version \d+ is missing, so version \d+ was not stored")
 RESTARTED = re.compile(r"the database restarted \(at ")
@@ -227,18 +230,8 @@ class Crashes:
         self.args = args
         self.server = Server(free_port(), args.wal_writer_delay).start()
         self.model = SlowModel(args.model_latency).start()
-        data = Path(tempfile.mkdtemp(prefix="turnlog-pg-crash-data-"))
-        self.settings = Settings(
-            database_url=self.server.url,
-            namespace=f"crash_{uuid.uuid4().hex[:8]}",
-            data_dir=data,
-            snapshot_interval=50,
-            probes=True,
-        )
-        self.database = locate(self.settings)
-        self.cluster = Cluster(self.settings, self.database)
-        self.port = free_port()
-        self.cluster.api_url = f"http://127.0.0.1:{self.port}"
+        self.settings, self.cluster, self.port = served_cluster(self.server.url, "crash")
+        self.database = self.cluster.database
         self.serve: Process | None = None
         self.workload = Watching(self.cluster, clients=args.clients)
         self.rounds: list[dict[str, Any]] = []
@@ -277,26 +270,14 @@ class Crashes:
         return wrong
 
     def start(self) -> None:
-        env = {
-            "TURNLOG_PROVIDER": "openai",
-            "TURNLOG_MODEL": "stub",
-            "TURNLOG_OPENAI_BASE_URL": self.model.url,
-            "TURNLOG_OPENAI_API_KEY": "stub-key",
-            "TURNLOG_OPENAI_MAX_RETRIES": "3",
-            "TURNLOG_DEFAULT_TOOLS": "sleep,append_file",
-            "TURNLOG_PROBES": "1",
-        }
-        args = ["serve", "--port", str(self.port), "--concurrency", "8"]
-        if self.args.split:
-            args.insert(1, "--split")
-        self.serve = self.cluster.start("serve", *args, **env)
-        poll(lambda: self.cluster._ready(self.serve), 90, "serve ready")  # type: ignore[arg-type]
-        self._first_turn_after(self._session(), time.monotonic())
+        self.serve = start_serve(
+            self.cluster, self.port, self.model.url, self.args.split, self.args
+        )
         self.workload.start()
 
     def round(self, n: int) -> dict[str, Any]:
         before = len(self.workload.acknowledged)
-        session = self._session()
+        session = new_session(self.cluster.api_url)
         time.sleep(self.chance.uniform(0.5, self.args.load))  # the load runs meanwhile
         seen = self._rows()  # commits that rode are visible before they are on disk
         self.server.crash()
@@ -309,7 +290,7 @@ class Crashes:
         restarted = time.monotonic() - killed
         lost = seen - self._rows()
         self.lost.extend(sorted(lost))
-        recovered = self._first_turn_after(session, killed)
+        recovered = first_turn_after(self.cluster.api_url, session, killed, self.args.max_recovery)
         say(
             f"round {n}: server killed; up again in {restarted:.2f}s; a turn completed"
             f" {recovered:.1f}s after the kill"
@@ -323,35 +304,6 @@ class Crashes:
         }
         self.rounds.append(result)
         return result
-
-    def _session(self) -> str:
-        http = Client(self.cluster.api_url)
-        key = f"probe-{uuid.uuid4().hex[:8]}"
-        created = http.call(
-            "POST", "/v1/sessions", {201}, json={"title": key}, headers={"Idempotency-Key": key}
-        )
-        return str(created.json()["session_id"])
-
-    def _first_turn_after(self, session_id: str, killed: float) -> float:
-        """Seconds from the kill until a turn submitted after it completed."""
-        http = Client(self.cluster.api_url, deadline=lambda base: self.args.max_recovery * 4)
-        submitted = http.call(
-            "POST",
-            f"/v1/sessions/{session_id}/turns",
-            {200, 202},
-            json={"message": "after the crash"},
-            headers={"Idempotency-Key": f"after-{uuid.uuid4().hex[:8]}"},
-        )
-        path = f"/v1/sessions/{session_id}/turns/{submitted.json()['turn_id']}"
-
-        def completed() -> bool:
-            state = http.call("GET", path, {200}).json()["state"]
-            if state in FINISHED and state != "completed":
-                raise AssertionError(f"the turn after the crash ended {state}")
-            return state == "completed"
-
-        poll(completed, self.args.max_recovery * 4, "a turn completed after the crash")
-        return time.monotonic() - killed
 
     def finish(self) -> dict[str, Any]:
         self.workload.finish()
@@ -379,7 +331,7 @@ class Crashes:
             problems["durable_rows_lost"] = durable_lost[:10]
         if changed:
             problems["ends_changed"] = changed[:10]
-        verify = self._verify(record)
+        verify = verified(self.cluster.api_url, self.settings, record)
         if verify:
             problems["verify"] = verify
         record.close()
@@ -401,24 +353,6 @@ class Crashes:
             "problems": problems,
             "workload_errors": self.workload.errors[:5],
         }
-
-    def _verify(self, record: Record) -> list[str]:
-        head = record.position
-
-        def caught_up() -> bool:
-            response = httpx.get(f"{self.cluster.api_url}/v1/projections", timeout=10)
-            return all(item["position"] >= head for item in response.json()["items"])
-
-        poll(caught_up, 60, "the read models catching up")
-        failures = []
-        for session_id in record.session_ids():
-            done = turnlog(self.settings, "audit", session_id, "--verify")
-            if done.returncode != 0:
-                failures.append(f"audit {session_id} --verify: {done.stdout[-500:]}")
-        done = turnlog(self.settings, "projections", "verify")
-        if done.returncode != 0:
-            failures.append(f"projections verify: {done.stdout[-2000:]}")
-        return failures
 
     def close(self) -> None:
         self.workload.stop.set()
