@@ -8,11 +8,13 @@ that a process that has never seen the session reads them in one statement
 instead of replaying the turns. The request is the one ``Sessions.request_at``
 builds from the events (tests compare both builds).
 
-Only what neither holds is replayed: in a process that runs the session's
-turns, the turn that just finished, from the events it saved. Rendered turns
-are written to the table in batches (``WRITE_EVERY``) and whenever this
-process had to read the table (a cold load), so a process that stops loses
-at most a batch, which the next one replays and writes.
+The table is read by a process that knows nothing of the session yet (or
+lacks more than a batch of its turns); otherwise only the turns it lacks are
+replayed: in a process that runs the session's turns, the one that just
+finished, from the events it saved. Rendered turns are written to the table
+in batches (``WRITE_EVERY``) and at once after a read of the table that found
+some missing, so a process that stops leaves at most a batch unwritten, which
+the next one replays and writes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import gc
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import pairwise
 from typing import Any, NamedTuple, Protocol
 
 from turnlog.application.store import said_turns, session_log
@@ -59,12 +62,16 @@ def said_before(app: Application, session: Session) -> tuple[Message, ...]:
         return ()
     known: dict[str, Said] = app.cache.take_said(session.id)
     need = [e for e in window if not _fits(known.get(e.turn_id), e)]
-    read = bool(need) and session_log.on_postgres(app.recorder)
+    # The table is read by a process that knows nothing of the session yet, or
+    # is missing more than a batch; else the few turns it lacks are replayed.
+    cold = not known or len(need) > WRITE_EVERY
+    read = bool(need) and cold and session_log.on_postgres(app.recorder)
     if read:
         with collector_paused():  # many small objects, none of them garbage
-            for row in said_turns.read(app.recorder, session.id, *_span(need)):
-                messages = messages_from_json(row.messages)
-                known[row.turn_id] = Said(row[1], row[2], row[3], messages, True)
+            for t, first, ordinal, last, m in said_turns.read(
+                app.recorder, session.id, *_span(need)
+            ):
+                known[t] = Said(first, ordinal, last, messages_from_json(m), True)
         need = [e for e in need if not _fits(known.get(e.turn_id), e)]
     if need:
         known.update(_rendered(app, session, need))
@@ -74,10 +81,9 @@ def said_before(app: Application, session: Session) -> tuple[Message, ...]:
     if unwritten and (read or len(unwritten) >= WRITE_EVERY):
         _write(app, session, known, unwritten)
     app.cache.put_said(session.id, known)
-    order = sorted(
-        (e for e in window if e.turn_id in known),
-        key=lambda e: (e.first_version, known[e.turn_id].ordinal),
-    )
+    order = [e for e in window if e.turn_id in known]
+    if any(a.first_version >= b.first_version for a, b in pairwise(order)):
+        order.sort(key=lambda e: (e.first_version, known[e.turn_id].ordinal))
     return tuple(m for e in order for m in known[e.turn_id].messages)
 
 

@@ -21,7 +21,7 @@ PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
 PLACEHOLDER_PROPOSED = "not run yet: waiting for an operator's approval"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a long request holds tens of thousands
 class Message:
     """One message of a model request (system, user, assistant or tool)."""
 
@@ -233,12 +233,9 @@ def messages_to_json(messages: Sequence[Message]) -> str | None:
 
 def messages_from_json(rows: list[list[Any]]) -> tuple[Message, ...]:
     """Messages back from the decoded JSON of ``messages_to_json``."""
-    out = []
-    for row in rows:
-        if len(row) > 2:
-            row[2] = tuple(row[2])
-        out.append(Message(*row))
-    return tuple(out)
+    return tuple(
+        [Message(*r) if len(r) < 3 else Message(r[0], r[1], tuple(r[2]), *r[3:]) for r in rows]
+    )
 
 
 def _as_json(value: Any) -> str:

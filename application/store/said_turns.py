@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID
 
 from eventsourcing.utils import strtobool
@@ -30,14 +30,8 @@ TABLE = "said_turns"
 UNDEFINED_TABLE = "42P01"
 
 
-class SaidRow(NamedTuple):
-    """One stored turn: where its events are, its place and its messages (decoded JSON)."""
-
-    turn_id: str
-    first_version: int
-    ordinal: int
-    last_version: int
-    messages: list[list[Any]]
+# One stored turn as it decodes: [turn id, first version, ordinal, last version, messages].
+SaidRow = list[Any]
 
 
 def table(schema: str) -> sql.Composed:
@@ -84,7 +78,8 @@ def read(recorder: Any, session_id: UUID, first: int, last: int) -> list[SaidRow
         raise
     if row is None or row["said"] is None:
         return []
-    return [SaidRow(*r) for r in json.loads(row["said"])]
+    rows: list[SaidRow] = json.loads(row["said"])  # lists in SaidRow's order
+    return rows
 
 
 def write(

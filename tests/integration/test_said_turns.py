@@ -23,7 +23,7 @@ from turnlog.application import said
 from turnlog.application.forks import fork_session
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
-from turnlog.application.store import database
+from turnlog.application.store import database, said_turns
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect
 from turnlog.interface.bootstrap import open_sessions
@@ -202,3 +202,27 @@ def test_a_row_that_does_not_fit_its_turn_is_rebuilt_and_a_missing_table_is_a_mi
     with psycopg.connect(database.conninfo, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP TABLE {}").format(table))  # a namespace made before it
     assert check(app, settings, database, s.id) == expected
+
+
+def test_a_process_running_turns_reads_the_table_once_and_writes_in_batches(
+    app: Sessions, settings: Settings, database: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    for name in ("read", "write"):
+        real = getattr(said_turns, name)
+
+        def spy(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(said_turns, name, spy)
+    s = Session.start(title="live", tools=["echo"])
+    tool_turn(s, 0)
+    app.save(s)
+    for n in range(1, said.WRITE_EVERY + 2):
+        s = app.get_session(s.id)
+        assert app.request_for(s) == app.request_at(s.id, s.version)
+        tool_turn(s, n)
+        app.save(s)
+    assert calls == ["read", "write", "write"]  # the first request, then one batch
+    assert stored_rows(database, settings, s.id) == said.WRITE_EVERY + 1
