@@ -26,9 +26,10 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEven
 
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
+from turnlog.application.said import said_before
 from turnlog.application.session_cache import SessionCache
 from turnlog.application.store import epoch as store_epoch
-from turnlog.application.store import purges, session_log, version_ranges
+from turnlog.application.store import purges, said_turns, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.durability import may_ride
@@ -91,6 +92,7 @@ class Sessions(Application[UUID]):
         self.news = NewsFeed()
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
         self.epoch = store_epoch.watch(self)
+        said_turns.create_table(self)  # beside the library's tables, when it creates them
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.
@@ -250,11 +252,11 @@ class Sessions(Application[UUID]):
     def request_for(self, session: Session) -> ModelRequest:
         """The next model request: the session's open turn plus the earlier turns it carries.
 
-        The earlier turns are read from the session's own stream by version
-        range (never from a read model, which may lag).
+        The earlier turns come as the messages they said, rendered once from
+        their own events and kept (``application.said``); never from a read
+        model, which may lag.
         """
-        first, last = self.window(session)
-        return next_request(session, self._earlier(session, first, last))
+        return next_request(session, said=said_before(self, session))
 
     def request_at(self, session_id: UUID, version: int) -> ModelRequest:
         """The request ``request_for`` builds from the session as it was at ``version``.
