@@ -31,6 +31,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from turnlog.application.errors import ProjectionConflict
+from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store import logorder
 from turnlog.application.store.database import rendered
 from turnlog.application.store.logorder import Place, place_of_tracking
@@ -453,13 +454,6 @@ def fold_batch(
     return fold_together(view.datastore, [Fold(view, projection, expected, events)])[0]
 
 
-class ServerRestarted(Exception):
-    """The events were read before the database restarted: the restart may have lost some."""
-
-
-_SAME_EPOCH = "SELECT pg_postmaster_start_time() = %s::timestamptz"
-
-
 def fold_together(
     datastore: PostgresDatastore, folds: Sequence[Fold], epoch: datetime | None = None
 ) -> list[Place]:
@@ -468,7 +462,7 @@ def fold_together(
     Returns each view's new place. One commit for several read models: every
     view moves on, or (on any error) none does. ``epoch``: when the server the
     events were read from had started (``store.epoch``); the fold is refused
-    (``ServerRestarted``) if it has started again since, as a commit that rode
+    (``store.epoch.ServerRestarted``) if it has started again since, as a commit that rode
     and was visible then may be gone.
     """
     live = [f for f in folds if f.events]
@@ -476,14 +470,11 @@ def fold_together(
         return [f.expected for f in folds]
     with datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
         try:
-            same = conn.execute(_SAME_EPOCH, [epoch]) if epoch is not None else None
+            same = store_epoch.same_epoch(conn, epoch) if epoch is not None else None
             for opened in [fold.view.load(conn, scopes_of(fold)) for fold in live]:
                 opened()
-            if same is not None and not _first(same.fetchone()):
-                raise ServerRestarted(
-                    f"the database restarted after these events were read (it had started"
-                    f" at {epoch}): they are read again"
-                )
+            if same is not None:
+                same()
             for fold in live:
                 for event, tracking in fold.events:
                     fold.projection.process_event(event, tracking)
@@ -503,9 +494,3 @@ def scopes_of(fold: Fold) -> list[Key]:
     """The scopes (row groups) a fold's events touch."""
     scoped = (fold.view.table.scope_of(event) for event, _ in fold.events)
     return [scope for scope in scoped if scope is not None]
-
-
-def _first(row: Any) -> Any:
-    if row is None:
-        return None
-    return next(iter(row.values())) if isinstance(row, dict) else row[0]

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from eventsourcing.application import Cache, LRUCache
+from eventsourcing.persistence import IntegrityError, StoredEvent
 
 from turnlog.application.store import lost_commits
 
@@ -56,7 +57,7 @@ class Epoch:
             except Exception:  # unreachable now: the first save will say
                 return None
             if row is not None:
-                self.learned(next(iter(row.values())) if isinstance(row, dict) else row[0])
+                self.learned(_first(row))
         return self._value
 
     def saved_in(self, value: datetime) -> None:
@@ -143,3 +144,62 @@ def save(app: Any, session: Any, rides: bool) -> int:
     position = lost_commits.save(app, session, rides, epoch.stamp_of(session))
     epoch.stamp(session, epoch.last_saved_in())
     return position
+
+
+def refusal(recorder: Any, first: StoredEvent, epoch: datetime | None) -> IntegrityError:
+    """Why an insert stored nothing (``chain.insert_statement``): a restart, or a gap.
+
+    Either is a conflict: the writer reads the session again and decides again
+    (a fenced step of a turn finds its claim gone, and stops).
+    """
+    with recorder.datastore.get_connection() as conn:
+        row = conn.execute(STATEMENT).fetchone()
+    now = _first(row)
+    if epoch is not None and now is not None and now != epoch:
+        recorder.epoch.learned(now)
+        return IntegrityError(
+            f"session {first.originator_id}: the database restarted after this process"
+            " read the session; it is read again"
+        )
+    # The stream's event before this save's first is missing: a commit that rode was
+    # lost in a crash of the database, and this writer's copy of the session held it.
+    log.warning(
+        "session %s: version %d is missing, so version %d was not stored (a commit lost"
+        " in a crash of the database); the session is read again",
+        first.originator_id,
+        first.originator_version - 1,
+        first.originator_version,
+    )
+    return IntegrityError(
+        f"session {first.originator_id}: version {first.originator_version - 1} is missing"
+    )
+
+
+class ServerRestarted(Exception):
+    """Events were read before the database restarted: the restart may have lost some."""
+
+
+_SAME = "SELECT pg_postmaster_start_time() = %s::timestamptz"
+
+
+def same_epoch(conn: Any, epoch: datetime) -> Callable[[], None]:
+    """Ask (in a pipeline, with what follows) whether the server still has ``epoch``.
+
+    The returned check raises ``ServerRestarted`` when it has started again since.
+    """
+    cursor = conn.execute(_SAME, [epoch])
+
+    def check() -> None:
+        if not _first(cursor.fetchone()):
+            raise ServerRestarted(
+                f"the database restarted after these events were read (it had started at"
+                f" {epoch}): they are read again"
+            )
+
+    return check
+
+
+def _first(row: Any) -> Any:
+    if row is None:
+        return None
+    return next(iter(row.values())) if isinstance(row, dict) else row[0]

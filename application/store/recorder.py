@@ -59,8 +59,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.persistence import OperationalError as PersistenceOperationalError
+from eventsourcing.persistence import StoredEvent
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
 from eventsourcing.utils import retry
 from psycopg import Connection, Cursor, InterfaceError, OperationalError
@@ -455,22 +455,9 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             else:
                 self.notifier.notify()
         if not rows:
-            raise self._refused(stored_events[0], kwargs.get(EPOCH))
+            raise store_epoch.refusal(self, stored_events[0], kwargs.get(EPOCH))
         self.epoch.saved_in(rows[0]["epoch"])
         return [int(row["notification_id"]) for row in rows]
-
-    def _refused(self, first: StoredEvent, epoch: Any) -> IntegrityError:
-        """Why the insert stored nothing: the server restarted since, or a gap (a conflict)."""
-        with self.datastore.get_connection() as conn:
-            row = conn.execute(store_epoch.STATEMENT).fetchone()
-        now = next(iter(row.values())) if row else None
-        if epoch is not None and now is not None and now != epoch:
-            self.epoch.learned(now)
-            return IntegrityError(
-                f"session {first.originator_id}: the database restarted after this process"
-                " read the session; it is read again"
-            )
-        return _gap(first)
 
     def _insert_notifying(
         self,
@@ -491,23 +478,3 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             curs.execute(insert, params, prepare=True)
             conn.execute(_COMMIT, prepare=True)
             conn.execute(self.notifier.statement, (self.channel_name, payload), prepare=True)
-
-
-def _gap(first: StoredEvent) -> IntegrityError:
-    """The insert stored nothing: the stream's event before this save's first is missing.
-
-    A commit that rode (``domain.durability``) was lost in a crash of the
-    database, and this writer's copy of the session still held it. Reported
-    as a conflict: the writer reloads the session from what is stored and
-    decides again (a fenced step finds its claim gone, and stops).
-    """
-    log.warning(
-        "session %s: version %d is missing, so version %d was not stored (a commit lost"
-        " in a crash of the database); the session is read again",
-        first.originator_id,
-        first.originator_version - 1,
-        first.originator_version,
-    )
-    return IntegrityError(
-        f"session {first.originator_id}: version {first.originator_version - 1} is missing"
-    )

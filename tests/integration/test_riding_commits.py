@@ -14,10 +14,11 @@ from tests.integration.test_chain import links, query
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store import chain, lost_commits
+from turnlog.application.store.epoch import ServerRestarted
 from turnlog.application.store.lost_commits import RIDES
 from turnlog.interface.bootstrap import build_runtime
 from turnlog.projections import ReadModels, read_models
-from turnlog.projections.view import Fold, ServerRestarted, fold_together
+from turnlog.projections.view import Fold, fold_together
 
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)  # no server started then
 
