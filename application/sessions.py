@@ -39,7 +39,14 @@ from turnlog.domain.session import (
     retaining,
     summarised_dropped,
 )
-from turnlog.domain.turns import FinishedEntry, FinishedTurn, Step, ToolCall, Turn
+from turnlog.domain.turns import (
+    IDEMPOTENCY_WINDOW,
+    FinishedEntry,
+    FinishedTurn,
+    Step,
+    ToolCall,
+    Turn,
+)
 
 log = logging.getLogger("turnlog.sessions")
 
@@ -77,10 +84,13 @@ class Sessions(Application[UUID]):
         env: dict[str, str] | None = None,
         snapshot_interval: int = 100,
         snapshot_keep: int = 2,
+        idempotency_window: int = IDEMPOTENCY_WINDOW,
     ) -> None:
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
+        # Keyed submissions a session remembers (recorded in each TurnSubmitted).
+        self.idempotency_window = max(1, idempotency_window)
         self.cache = SessionCache()
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
@@ -396,6 +406,7 @@ class Sessions(Application[UUID]):
                 enqueue=enqueue,
                 deadline_at=deadline_at,
                 traceparent=traceparent,
+                idempotency_window=self.idempotency_window,
             )
 
         # A follow-up is submitted while a worker writes the turn ahead of it:

@@ -15,6 +15,9 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TOOL_ATTEMPTS = 3
 MAX_DEADLINE_SECONDS = 7 * 24 * 3600.0  # the longest deadline a turn may be given
 MAX_QUEUED_TURNS = 100  # follow-up turns a session may hold queued behind the current one
+# Idempotency keys a session remembers: those of its last N keyed submissions,
+# and of every turn still open (TURNLOG_IDEMPOTENCY_WINDOW; docs/long-sessions.md).
+IDEMPOTENCY_WINDOW = 100
 DEADLINE_REASON = "deadline"
 RUNTIME_ACTOR = "turnlog"  # the actor of what the runtime decides by itself (deadlines)
 APPROVAL_POLICIES = ("none", "side_effecting", "all")

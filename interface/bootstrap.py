@@ -83,6 +83,7 @@ def open_sessions(
         return Sessions(
             env=database.library_env(db, settings, create_table=True, owns_schema=owns_schema),
             snapshot_interval=settings.snapshot_interval,
+            idempotency_window=settings.idempotency_window,
         )
 
 
