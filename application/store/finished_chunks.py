@@ -79,6 +79,12 @@ def _chunked_through(rows: list[Any], limit: int) -> int:
     return through
 
 
+def may_chunk(stored: StoredEvent) -> bool:
+    """Whether the snapshot holds enough entries for any of them to be in chunks."""
+    decoded = _state_of(stored)
+    return decoded is not None and len(decoded[1]["finished"]) >= CHUNK
+
+
 def strip(curs: Any, schema: str, snapshots_table: str, stored: StoredEvent) -> StoredEvent:
     """The snapshot to store: its older entries in chunks (a new one written if due)."""
     decoded = _state_of(stored)

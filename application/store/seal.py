@@ -262,18 +262,25 @@ class SnapshotRecorder(PostgresAggregateRecorder):
     ) -> Sequence[int] | None:
         if not stored_events:
             return None
+        if not any(finished_chunks.may_chunk(e) for e in stored_events):
+            with self.datastore.get_connection() as conn, conn.cursor() as curs:
+                curs.execute(self._insert, self._params(stored_events))
+            return None
         schema, name = self.datastore.schema, self.events_table_name
         with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
             # Older entries go to chunks in the same transaction as the row naming them.
             stripped = [finished_chunks.strip(curs, schema, name, e) for e in stored_events]
-            params = (
-                [e.originator_id for e in stripped],
-                [e.originator_version for e in stripped],
-                [e.topic for e in stripped],
-                [e.state for e in stripped],
-            )
-            curs.execute(self._insert, params)
+            curs.execute(self._insert, self._params(stripped))
         return None
+
+    @staticmethod
+    def _params(stored_events: Sequence[StoredEvent]) -> tuple[list[Any], ...]:
+        return (
+            [e.originator_id for e in stored_events],
+            [e.originator_version for e in stored_events],
+            [e.topic for e in stored_events],
+            [e.state for e in stored_events],
+        )
 
     @retry((PersistenceInterfaceError, PersistenceOperationalError), max_attempts=10, wait=0.2)
     def select_events(
