@@ -42,7 +42,14 @@ from turnlog.domain.session import (
     retaining,
     summarised_dropped,
 )
-from turnlog.domain.turns import FinishedEntry, FinishedTurn, Step, ToolCall, Turn
+from turnlog.domain.turns import (
+    IDEMPOTENCY_WINDOW,
+    FinishedTurn,
+    Step,
+    ToolCall,
+    Turn,
+    version_span,
+)
 
 log = logging.getLogger("turnlog.sessions")
 
@@ -81,11 +88,14 @@ class Sessions(Application[UUID]):
         snapshot_interval: int = 100,
         snapshot_keep: int = 2,
         riding: bool = True,
+        idempotency_window: int = IDEMPOTENCY_WINDOW,
     ) -> None:
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
         self.riding = riding  # saves that may be lost may ride on the next flush
+        # Keyed submissions a session remembers (recorded in each TurnSubmitted).
+        self.idempotency_window = max(1, idempotency_window)
         self.cache = SessionCache()
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
@@ -236,7 +246,7 @@ class Sessions(Application[UUID]):
         by_id: dict[str, Turn] = {}
         record = session
         if low < done:
-            first, last = _span(session.finished[low : min(top, done)])
+            first, last = version_span(session.finished[low : min(top, done)])
             record = self.replay_range(session_id, first, last)
             by_id = {t.turn_id: t for t in record.turns}
         page: list[tuple[Session, Turn]] = []
@@ -328,7 +338,7 @@ class Sessions(Application[UUID]):
         covered = session.compacted_turns
         if len(session.finished) <= covered:
             return 1, 0
-        return _span(session.finished[covered:])
+        return version_span(session.finished[covered:])
 
     def compaction_for(self, session: Session) -> tuple[ModelRequest, int] | None:
         """The summarising request the next request needs first, and the turns it covers.
@@ -406,6 +416,7 @@ class Sessions(Application[UUID]):
                 enqueue=enqueue,
                 deadline_at=deadline_at,
                 traceparent=traceparent,
+                idempotency_window=self.idempotency_window,
             )
 
         # A follow-up is submitted while a worker writes the turn ahead of it:
@@ -482,13 +493,3 @@ class Sessions(Application[UUID]):
             start=None, limit=limit, topics=[Session.Started.TOPIC, Session.Forked.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
-
-
-def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
-    """The version range holding every event of these finished turns.
-
-    Turns usually finish in the order they were submitted, but a follow-up
-    cancelled while queued finishes before the turn ahead of it: take the
-    lowest first and the highest last version, not the ends of the list.
-    """
-    return min(e.first_version for e in entries), max(e.last_version for e in entries)
