@@ -22,14 +22,16 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent
+from eventsourcing.persistence import IntegrityError, JSONTranscoder
 
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
 from turnlog.application.store import lost_commits, purges, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
+from turnlog.application.written_copies import NEWS_MARKS, WrittenCopies
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
+from turnlog.domain.errors import DomainError
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
     Session,
@@ -85,6 +87,8 @@ class Sessions(Application[UUID]):
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
         self.news = NewsFeed()
+        self.copies = WrittenCopies()  # where a command starts when this process wrote last
+        self.news.subscribe(self.copies.told, NEWS_MARKS)
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
@@ -153,9 +157,7 @@ class Sessions(Application[UUID]):
 
     def complete_ranges(self, session: Session) -> None:
         """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
-        if version_ranges.unknown(session):
-            topics = version_ranges.TOPICS
-            version_ranges.fill(session, self._events_of_topics(session.id, topics))
+        version_ranges.complete(self, session)
 
     def missing(self, session_id: UUID) -> Exception:
         """The error for a session with no events: purged (410), else not found (404)."""
@@ -300,10 +302,12 @@ class Sessions(Application[UUID]):
         self.cache.put_earlier(session_id, first, last, earlier)
         return summarised_dropped(session, earlier)
 
-    def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+    def _tell_saved(self, session: Session, events: Sequence[Any]) -> None:
         """After every commit of this process's writes: keep them, then tell the news."""
+        session_id = session.id
         if events:
             self.cache.keep(session_id, list(events))
+            self.copies.saved(session, events)
         # The save has committed: a listener's failure must not make it look failed
         # (the feed catches what its listeners raise).
         self.news.saved(session_id, events)
@@ -344,16 +348,6 @@ class Sessions(Application[UUID]):
             return self.get_session(session_id).version  # in-memory persistence (unit tests)
         return session_log.latest_version(self.recorder, session_id)
 
-    def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
-        return [
-            self.mapper.to_domain_event(
-                StoredEvent(
-                    session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
-                )
-            )
-            for r in session_log.rows_of_topics(self.recorder, session_id, topics)
-        ]
-
     # --------------------------------------------------------------- commands
 
     def create_session(self, **fields: Any) -> Written:
@@ -364,7 +358,7 @@ class Sessions(Application[UUID]):
         """Save a session just begun (its first events), a lost commit settled."""
         pending = list(session.pending_events)
         position = lost_commits.save(self, session)
-        self._tell_saved(session.id, pending)
+        self._tell_saved(session, pending)
         return Written(session.id, session.version, position)
 
     def submit_turn(
@@ -444,13 +438,25 @@ class Sessions(Application[UUID]):
         conflict it is discarded, since its state already holds the events
         that failed to save. A caller that goes on with the session object
         has ``decide`` return it: the object ``decide`` last ran on is the one
-        saved, now current.
+        saved, now current. Without ``current``, a command starts from this
+        process's copy of its own last save of the session when it has one
+        (``written_copies``): a lost race, a refusal or nothing to record
+        from that copy decides again on a fresh load (one more run).
         """
+        copied = current is None and (current := self.copies.take(session_id)) is not None
+        attempts += copied
         for attempt in range(1, attempts + 1):
             session = current if current is not None else self.get_session(session_id)
             current = None
-            result = decide(session)
+            try:
+                result = decide(session)
+            except DomainError:
+                if copied and attempt == 1:
+                    continue
+                raise
             if not session.pending_events:
+                if copied and attempt == 1:
+                    continue
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
             try:
@@ -461,7 +467,7 @@ class Sessions(Application[UUID]):
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
                 continue
-            self._tell_saved(session.id, pending)
+            self._tell_saved(session, pending)
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
 
