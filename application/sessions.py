@@ -22,8 +22,9 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording
 
+from turnlog.application import saving
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.session_cache import SessionCache
@@ -90,6 +91,10 @@ class Sessions(Application[UUID]):
         self.copies = WrittenCopies()  # where a command starts when this process wrote last
         self.news.subscribe(self.copies.told, NEWS_MARKS)
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
+
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """``Application.save``, the objects' kinds told by their class (``saving``)."""
+        return cast(list[Recording[UUID]], saving.save(self, objs, kwargs))
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
         """Snapshot the sessions just saved, from memory, when a save crosses an interval.

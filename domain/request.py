@@ -87,9 +87,7 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         # turns after it follow in full (``earlier`` holds only those).
         messages.append(summary_message(session.compaction))
     if earlier is not None:
-        for turn in earlier.turns:
-            if not turn.state.is_open and not _unsaid(turn):
-                messages.extend(_turn_messages(earlier, turn))
+        messages.extend(_earlier_messages(earlier))
     current = session.open_turn
     for turn in session.turns:
         if turn.state is TurnState.QUEUED and turn is not current:
@@ -104,6 +102,42 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         tools_chosen=session.tools_chosen,
         turn=session.turn_count,
     )
+
+
+# The messages of the leading finished turns of an ``earlier`` session object, per
+# object: (its turns that are rendered, the last of them, their messages). A
+# finished turn never changes and the object only gains turns (events applied in
+# place), so the next request renders only the turns after them.
+_prefixes: dict[int, tuple[weakref.ref[Session], int, Turn | None, tuple[Message, ...]]] = {}
+
+
+def _earlier_messages(earlier: Session) -> list[Message]:
+    """The messages of ``earlier``'s finished turns, in order (open ones are not said yet)."""
+    turns, key = earlier.turns, id(earlier)
+    hit = _prefixes.get(key)
+    count, messages = 0, []
+    same = hit is not None and hit[0]() is earlier and hit[1] <= len(turns)
+    if hit is not None and same and (hit[1] == 0 or turns[hit[1] - 1] is hit[2]):
+        count, messages = hit[1], list(hit[3])
+    start = count
+    while count < len(turns) and not turns[count].state.is_open:  # the prefix grows
+        if not _unsaid(turns[count]):
+            messages.extend(_turn_messages(earlier, turns[count]))
+        count += 1
+    if count != start or not same:
+        last = turns[count - 1] if count else None
+        _prefixes[key] = (weakref.ref(earlier, _forget_prefix(key)), count, last, tuple(messages))
+    for turn in turns[count:]:  # after an open turn: rendered each time
+        if not turn.state.is_open and not _unsaid(turn):
+            messages.extend(_turn_messages(earlier, turn))
+    return messages
+
+
+def _forget_prefix(key: int) -> Callable[[weakref.ref[Session]], None]:
+    def forget(_: weakref.ref[Session]) -> None:
+        _prefixes.pop(key, None)
+
+    return forget
 
 
 def _unsaid(turn: Turn) -> bool:
