@@ -22,8 +22,9 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording
 
+from turnlog.application import saving, snapshotting
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
 from turnlog.application.said import said_before
@@ -31,8 +32,10 @@ from turnlog.application.session_cache import SessionCache
 from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store import purges, said_turns, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
+from turnlog.application.written_copies import NEWS_MARKS, WrittenCopies
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
 from turnlog.domain.durability import may_ride
+from turnlog.domain.errors import DomainError
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
     Session,
@@ -100,44 +103,22 @@ class Sessions(Application[UUID]):
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
         self.news = NewsFeed()
+        self.copies = WrittenCopies()  # where a command starts when this process wrote last
+        self.news.subscribe(self.copies.told, NEWS_MARKS)
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
         self.epoch = store_epoch.watch(self)
         said_turns.create_table(self)  # beside the library's tables, when it creates them
 
-    def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
-        """Snapshot the sessions just saved, from memory, when a save crosses an interval.
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """``Application.save``, the objects' kinds told by their class (``saving``)."""
+        return cast(list[Recording[UUID]], saving.save(self, objs, kwargs))
 
-        The library's default reloads the aggregate from the store to snapshot
-        it; the object in hand is exactly what was just saved, so use it.
-        """
-        if self.snapshots is None:
-            return
-        interval = self.snapshotting_intervals.get(Session)
-        if not interval:
-            return
-        crossed = {
-            e.originator_id for e in processing_event.events if e.originator_version % interval == 0
-        }
-        snapshots = [
-            Session.Snapshot.take(aggregate)
-            for aggregate_id, aggregate in processing_event.aggregates.items()
-            if aggregate_id in crossed and isinstance(aggregate, Session)
-        ]
-        if snapshots:
-            self.snapshots.put(snapshots)
-            for snapshot in snapshots:
-                self.prune_snapshots(snapshot.originator_id)
+    def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
+        snapshotting.take(self, processing_event)
 
     def prune_snapshots(self, session_id: UUID) -> int:
-        """Delete a session's snapshots but the latest ``snapshot_keep``; returns how many.
-
-        A snapshot is a cache of state the events already hold, so dropping a
-        superseded one loses nothing; the events are never touched.
-        """
-        recorder: Any = self.snapshots.recorder if self.snapshots is not None else None
-        if not session_log.on_postgres(recorder):
-            return 0  # in-memory persistence (unit tests): nothing to prune
-        return session_log.prune(recorder, session_id, self.snapshot_keep)
+        """Delete a session's snapshots but the latest ``snapshot_keep``; returns how many."""
+        return snapshotting.prune(self, session_id)
 
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
@@ -173,9 +154,7 @@ class Sessions(Application[UUID]):
 
     def complete_ranges(self, session: Session) -> None:
         """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
-        if version_ranges.unknown(session):
-            topics = version_ranges.TOPICS
-            version_ranges.fill(session, self._events_of_topics(session.id, topics))
+        version_ranges.complete(self, session)
 
     def missing(self, session_id: UUID) -> Exception:
         """The error for a session with no events: purged (410), else not found (404)."""
@@ -320,13 +299,24 @@ class Sessions(Application[UUID]):
         self.cache.put_earlier(session_id, first, last, earlier)
         return summarised_dropped(session, earlier)
 
-    def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+    def _tell_saved(self, session: Session, events: Sequence[Any]) -> None:
         """After every commit of this process's writes: keep them, then tell the news."""
+        session_id = session.id
         if events:
             self.cache.keep(session_id, list(events))
+            self.copies.saved(session, events, self.epoch.stamp_of(session) if self.epoch else None)
         # The save has committed: a listener's failure must not make it look failed
         # (the feed catches what its listeners raise).
         self.news.saved(session_id, events)
+
+    def _copy(self, session_id: UUID) -> Session | None:
+        """This process's copy of its last save of the session, stamped with that save's epoch."""
+        taken = self.copies.take(session_id)
+        if taken is None:
+            return None
+        if self.epoch:
+            self.epoch.stamp(taken[0], taken[1])
+        return taken[0]
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries.
@@ -364,16 +354,6 @@ class Sessions(Application[UUID]):
             return self.get_session(session_id).version  # in-memory persistence (unit tests)
         return session_log.latest_version(self.recorder, session_id)
 
-    def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
-        return [
-            self.mapper.to_domain_event(
-                StoredEvent(
-                    session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
-                )
-            )
-            for r in session_log.rows_of_topics(self.recorder, session_id, topics)
-        ]
-
     # --------------------------------------------------------------- commands
 
     def create_session(self, **fields: Any) -> Written:
@@ -384,7 +364,7 @@ class Sessions(Application[UUID]):
         """Save a session just begun (its first events), a lost commit settled."""
         pending = list(session.pending_events)
         position = store_epoch.save(self, session, False)
-        self._tell_saved(session.id, pending)
+        self._tell_saved(session, pending)
         return Written(session.id, session.version, position)
 
     def submit_turn(
@@ -465,13 +445,25 @@ class Sessions(Application[UUID]):
         conflict it is discarded, since its state already holds the events
         that failed to save. A caller that goes on with the session object
         has ``decide`` return it: the object ``decide`` last ran on is the one
-        saved, now current.
+        saved, now current. Without ``current``, a command starts from this
+        process's copy of its own last save of the session when it has one
+        (``written_copies``): a lost race, a refusal or nothing to record
+        from that copy decides again on a fresh load (one more run).
         """
+        copied = current is None and (current := self._copy(session_id)) is not None
+        attempts += copied
         for attempt in range(1, attempts + 1):
             session = current if current is not None else self.get_session(session_id)
             current = None
-            result = decide(session)
+            try:
+                result = decide(session)
+            except DomainError:
+                if copied and attempt == 1:
+                    continue
+                raise
             if not session.pending_events:
+                if copied and attempt == 1:
+                    continue
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
             rides = self.riding and may_ride(session.calls, pending)
@@ -483,7 +475,7 @@ class Sessions(Application[UUID]):
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
                 continue
-            self._tell_saved(session.id, pending)
+            self._tell_saved(session, pending)
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
 

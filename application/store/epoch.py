@@ -131,6 +131,7 @@ def watch(app: Any) -> Epoch | None:
 
 def _drop_caches(app: Any) -> None:
     app.cache.clear()
+    app.copies.clear()
     cache = app.repository.cache
     if cache is not None:  # the library's: replaced, since its clear() keeps the entries
         app.repository.cache = LRUCache(cache.maxsize) if isinstance(cache, LRUCache) else Cache()

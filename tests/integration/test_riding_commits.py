@@ -123,12 +123,14 @@ def test_learning_of_a_restart_drops_what_the_process_kept(runtime: Runtime) -> 
     sid = sessions.create_session(title="kept").session_id
     sessions.get_session(sid)
     assert sessions.cache.between(sid, 0, 1) is not None
+    assert sessions.copies.take(sid) is not None
     cache = sessions.repository.cache
     assert sessions.epoch is not None
     now = sessions.epoch.current()
     assert now is not None
     assert sessions.epoch.learned(LONG_AGO)  # as if the server had restarted
     assert sessions.cache.between(sid, 0, 1) is None
+    assert sessions.copies.take(sid) is None  # the copy of this process's own last save
     assert sessions.repository.cache is not cache
     assert sessions.epoch.learned(now)
     assert not sessions.epoch.learned(now)  # the same epoch again: nothing to drop
