@@ -394,6 +394,35 @@ def figure_12(db: Any, cfg: Config) -> Figure:
             "transactions",
         ),
     ]
+    rows += [
+        Row(
+            "12e",
+            "committed transactions per in-process turn (figure 1's path, reads included)",
+            Stat([round(app[SERVER_COMMITS], 2)], "transactions"),
+            None,
+            None,
+            "≤ 8 transactions",
+            app[SERVER_COMMITS] <= 8,
+        ),
+        Row(
+            "12f",
+            "commits that wait for the disk per in-process turn, and the rest ride",
+            Stat([round(app[DURABLE], 2)], "commits"),
+            Stat([round(app.get(RIDING, 0.0), 2)], "riding"),
+            None,
+            "report",
+            None,
+        ),
+        Row(
+            "12g",
+            "WAL flushes per in-process turn (the server's fsyncs)",
+            Stat([round(app[WAL_SYNCS], 2)], "fsyncs"),
+            None,
+            None,
+            "report",
+            None,
+        ),
+    ]
     return Figure(
         12,
         "commits and transactions per turn through HTTP",
@@ -410,7 +439,10 @@ def figure_12(db: Any, cfg: Config) -> Figure:
             " turns kept). Durable commits: the transactions the server gave an id"
             " (`pg_current_snapshot`'s xmax before and after) less the NOTIFYs, which take"
             " an id but flush nothing. Committed transactions: the server's `xact_commit`,"
-            " reads included, read once every backend of the cycle exited."
+            " reads included, read once every backend of the cycle exited. Rows 12e-g: the"
+            " baseline's own counts per turn: committed transactions; saves whose commit"
+            " waits for the disk, and saves that ride (docs/durability.md); the server's WAL"
+            " flushes (`pg_stat_wal.wal_sync`, `pg_stat_io` from PostgreSQL 18)."
         ),
         details={"per_turn": {"app": app, "http_1_client": one, f"http_{clients}_clients": crowd}},
     )
