@@ -77,18 +77,22 @@ bench-quick: $(STAMP)
 profile: $(STAMP)
 	$(BIN)/python tests/benchmarks/profiling.py $(FIG)
 
-# The fault campaign (RELIABILITY.md), not part of `make test`; about 30 minutes:
-# 200 SIGKILLs of random processes under load (tests/fault/chaos.py), then the same campaign
+# The fault campaign (RELIABILITY.md), not part of `make test`; about 35 minutes:
+# CHAOS_PG_CRASHES crashes of a private PostgreSQL server under load (every process of it
+# SIGKILLed at once: tests/fault/pg_crash.py, docs/durability.md), then 200 SIGKILLs of
+# random processes under load (tests/fault/chaos.py), then the same campaign
 # with outcome probes on in every process (--probes, CHAOS_PROBE_KILLS kills, one worker kill
 # in three aimed after an append_file wrote its line), then the tests that restart PostgreSQL
 # itself (run only against the machine's own server at 127.0.0.1:5432, found with pg_isready;
 # skipped, saying why, without it) and schemathesis with more than 2,000 generated requests.
 # The server is left running.
 CHAOS_KILLS ?= 200
+CHAOS_PG_CRASHES ?= 30
 CHAOS_PROBE_KILLS ?= 100
 CHAOS_DATABASE_URL ?= $(shell pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null && echo postgresql://postgres@127.0.0.1:5432/test)
 
 chaos: $(STAMP)
+	$(BIN)/python tests/fault/pg_crash.py --rounds $(CHAOS_PG_CRASHES)
 	TURNLOG_TEST_DATABASE_URL=$(CHAOS_DATABASE_URL) $(BIN)/python tests/fault/chaos.py --kills $(CHAOS_KILLS)
 	TURNLOG_TEST_DATABASE_URL=$(CHAOS_DATABASE_URL) \
 		$(BIN)/python tests/fault/chaos.py --probes --kills $(CHAOS_PROBE_KILLS)

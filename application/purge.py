@@ -257,6 +257,7 @@ def forget_purged(sessions: Sessions) -> Callable[[Sequence[Any]], None]:
 def forget(sessions: Sessions, session_id: UUID) -> None:
     """Drop what this process keeps of a session in memory (it was purged)."""
     sessions.cache.forget(session_id)
+    sessions.copies.forget(session_id)
     cache: Any = getattr(sessions.repository, "cache", None)
     if cache is not None:
         with contextlib.suppress(KeyError):

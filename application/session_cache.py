@@ -7,7 +7,9 @@ Two caches behind one lock, both plain memory of this process:
   or a turn's view rebuilt from them reads nothing back;
 - the earlier (finished) turns rebuilt for a session's last request, with the
   version range they cover: a finished turn never changes, so the next
-  request needs only the events after that range.
+  request needs only the events after that range;
+- the messages each finished turn of a session's last request said
+  (``application.said``), by turn id.
 """
 
 from __future__ import annotations
@@ -30,12 +32,20 @@ class SessionCache:
         self._lock = threading.Lock()
         self._earlier: dict[UUID, tuple[int, int, Session]] = {}
         self._known: dict[UUID, list[Any]] = {}
+        self._said: dict[UUID, dict[str, Any]] = {}
+
+    def clear(self) -> None:
+        """Drop everything kept (the database restarted: it may hold commits it lost)."""
+        with self._lock:
+            self._known.clear()
+            self._earlier.clear()
 
     def forget(self, session_id: UUID) -> None:
         """Drop everything kept of a session (it was purged)."""
         with self._lock:
             self._known.pop(session_id, None)
             self._earlier.pop(session_id, None)
+            self._said.pop(session_id, None)
 
     def keep(self, session_id: UUID, events: list[Any]) -> None:
         """Keep the latest events of a session, saved or read here (in version order).
@@ -75,6 +85,17 @@ class SessionCache:
             self._earlier[session_id] = (first, last, earlier)
             while len(self._earlier) > EARLIER_CACHE_SIZE:
                 self._earlier.pop(next(iter(self._earlier)))
+
+    def take_said(self, session_id: UUID) -> dict[str, Any]:
+        """Take out what the finished turns of a session said, by turn id (empty: none kept)."""
+        with self._lock:
+            return self._said.pop(session_id, None) or {}
+
+    def put_said(self, session_id: UUID, said: dict[str, Any]) -> None:
+        with self._lock:
+            self._said[session_id] = said
+            while len(self._said) > EARLIER_CACHE_SIZE:
+                self._said.pop(next(iter(self._said)))
 
 
 def between(events: list[Any], after: int, upto: int) -> list[Any] | None:

@@ -22,14 +22,20 @@ from eventsourcing.application import (
     ProcessingEvent,
     project_aggregate,
 )
-from eventsourcing.persistence import IntegrityError, JSONTranscoder, StoredEvent
+from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording
 
+from turnlog.application import saving, snapshotting
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
+from turnlog.application.said import said_before
 from turnlog.application.session_cache import SessionCache
-from turnlog.application.store import lost_commits, purges, session_log, version_ranges
+from turnlog.application.store import epoch as store_epoch
+from turnlog.application.store import purges, said_turns, session_log, version_ranges
 from turnlog.application.store.transcodings import DataclassAsDict
+from turnlog.application.written_copies import NEWS_MARKS, WrittenCopies
 from turnlog.domain.compaction import ContextPolicy, summarizing_request, turns_to_cover
+from turnlog.domain.durability import may_ride
+from turnlog.domain.errors import DomainError
 from turnlog.domain.request import ModelRequest, next_request
 from turnlog.domain.session import (
     Session,
@@ -39,7 +45,14 @@ from turnlog.domain.session import (
     retaining,
     summarised_dropped,
 )
-from turnlog.domain.turns import FinishedEntry, FinishedTurn, Step, ToolCall, Turn
+from turnlog.domain.turns import (
+    IDEMPOTENCY_WINDOW,
+    FinishedTurn,
+    Step,
+    ToolCall,
+    Turn,
+    version_span,
+)
 
 log = logging.getLogger("turnlog.sessions")
 
@@ -77,50 +90,35 @@ class Sessions(Application[UUID]):
         env: dict[str, str] | None = None,
         snapshot_interval: int = 100,
         snapshot_keep: int = 2,
+        riding: bool = True,
+        idempotency_window: int = IDEMPOTENCY_WINDOW,
     ) -> None:
         # Per instance: the interval is a setting, not a class constant.
         self.snapshotting_intervals = {Session: snapshot_interval}  # type: ignore[misc]
         self.snapshot_keep = max(1, snapshot_keep)
+        self.riding = riding  # saves that may be lost may ride on the next flush
+        # Keyed submissions a session remembers (recorded in each TurnSubmitted).
+        self.idempotency_window = max(1, idempotency_window)
         self.cache = SessionCache()
         # The process's one news feed: told of each save of this process once it
         # has committed, and of other processes' news by the follower (attach).
         self.news = NewsFeed()
+        self.copies = WrittenCopies()  # where a command starts when this process wrote last
+        self.news.subscribe(self.copies.told, NEWS_MARKS)
         super().__init__(env={"IS_SNAPSHOTTING_ENABLED": "y", **(env or {})})
+        self.epoch = store_epoch.watch(self)
+        said_turns.create_table(self)  # beside the library's tables, when it creates them
+
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """``Application.save``, the objects' kinds told by their class (``saving``)."""
+        return cast(list[Recording[UUID]], saving.save(self, objs, kwargs))
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:
-        """Snapshot the sessions just saved, from memory, when a save crosses an interval.
-
-        The library's default reloads the aggregate from the store to snapshot
-        it; the object in hand is exactly what was just saved, so use it.
-        """
-        if self.snapshots is None:
-            return
-        interval = self.snapshotting_intervals.get(Session)
-        if not interval:
-            return
-        crossed = {
-            e.originator_id for e in processing_event.events if e.originator_version % interval == 0
-        }
-        snapshots = [
-            Session.Snapshot.take(aggregate)
-            for aggregate_id, aggregate in processing_event.aggregates.items()
-            if aggregate_id in crossed and isinstance(aggregate, Session)
-        ]
-        if snapshots:
-            self.snapshots.put(snapshots)
-            for snapshot in snapshots:
-                self.prune_snapshots(snapshot.originator_id)
+        snapshotting.take(self, processing_event)
 
     def prune_snapshots(self, session_id: UUID) -> int:
-        """Delete a session's snapshots but the latest ``snapshot_keep``; returns how many.
-
-        A snapshot is a cache of state the events already hold, so dropping a
-        superseded one loses nothing; the events are never touched.
-        """
-        recorder: Any = self.snapshots.recorder if self.snapshots is not None else None
-        if not session_log.on_postgres(recorder):
-            return 0  # in-memory persistence (unit tests): nothing to prune
-        return session_log.prune(recorder, session_id, self.snapshot_keep)
+        """Delete a session's snapshots but the latest ``snapshot_keep``; returns how many."""
+        return snapshotting.prune(self, session_id)
 
     def register_transcodings(self, transcoder: JSONTranscoder) -> None:
         super().register_transcodings(transcoder)
@@ -142,20 +140,21 @@ class Sessions(Application[UUID]):
                 aggregate = event.mutate(aggregate)
             return aggregate
 
+        epoch = self.epoch.current() if self.epoch else None  # before: a restart meanwhile tells
         try:
             session: Any = self.repository.get(session_id, projector_func=project)
         except AggregateNotFoundError:
             raise self.missing(session_id) from None
         if not isinstance(session, Session):
             raise self.missing(session_id)
+        if self.epoch:
+            self.epoch.stamp(session, epoch)
         self.complete_ranges(session)
         return session
 
     def complete_ranges(self, session: Session) -> None:
         """Give turns upcast from a version-1 snapshot their version ranges (no-op otherwise)."""
-        if version_ranges.unknown(session):
-            topics = version_ranges.TOPICS
-            version_ranges.fill(session, self._events_of_topics(session.id, topics))
+        version_ranges.complete(self, session)
 
     def missing(self, session_id: UUID) -> Exception:
         """The error for a session with no events: purged (410), else not found (404)."""
@@ -226,7 +225,7 @@ class Sessions(Application[UUID]):
         by_id: dict[str, Turn] = {}
         record = session
         if low < done:
-            first, last = _span(session.finished[low : min(top, done)])
+            first, last = version_span(session.finished[low : min(top, done)])
             record = self.replay_range(session_id, first, last)
             by_id = {t.turn_id: t for t in record.turns}
         page: list[tuple[Session, Turn]] = []
@@ -242,11 +241,11 @@ class Sessions(Application[UUID]):
     def request_for(self, session: Session) -> ModelRequest:
         """The next model request: the session's open turn plus the earlier turns it carries.
 
-        The earlier turns are read from the session's own stream by version
-        range (never from a read model, which may lag).
+        The earlier turns come as the messages they said, rendered once from
+        their own events and kept (``application.said``); never from a read
+        model, which may lag.
         """
-        first, last = self.window(session)
-        return next_request(session, self._earlier(session, first, last))
+        return next_request(session, said=said_before(self, session))
 
     def request_at(self, session_id: UUID, version: int) -> ModelRequest:
         """The request ``request_for`` builds from the session as it was at ``version``.
@@ -300,13 +299,24 @@ class Sessions(Application[UUID]):
         self.cache.put_earlier(session_id, first, last, earlier)
         return summarised_dropped(session, earlier)
 
-    def _tell_saved(self, session_id: UUID, events: Sequence[Any]) -> None:
+    def _tell_saved(self, session: Session, events: Sequence[Any]) -> None:
         """After every commit of this process's writes: keep them, then tell the news."""
+        session_id = session.id
         if events:
             self.cache.keep(session_id, list(events))
+            self.copies.saved(session, events, self.epoch.stamp_of(session) if self.epoch else None)
         # The save has committed: a listener's failure must not make it look failed
         # (the feed catches what its listeners raise).
         self.news.saved(session_id, events)
+
+    def _copy(self, session_id: UUID) -> Session | None:
+        """This process's copy of its last save of the session, stamped with that save's epoch."""
+        taken = self.copies.take(session_id)
+        if taken is None:
+            return None
+        if self.epoch:
+            self.epoch.stamp(taken[0], taken[1])
+        return taken[0]
 
     def window(self, session: Session) -> tuple[int, int]:
         """The version range of the finished turns the next request carries.
@@ -318,7 +328,7 @@ class Sessions(Application[UUID]):
         covered = session.compacted_turns
         if len(session.finished) <= covered:
             return 1, 0
-        return _span(session.finished[covered:])
+        return version_span(session.finished[covered:])
 
     def compaction_for(self, session: Session) -> tuple[ModelRequest, int] | None:
         """The summarising request the next request needs first, and the turns it covers.
@@ -344,16 +354,6 @@ class Sessions(Application[UUID]):
             return self.get_session(session_id).version  # in-memory persistence (unit tests)
         return session_log.latest_version(self.recorder, session_id)
 
-    def _events_of_topics(self, session_id: UUID, topics: list[str]) -> list[Any]:
-        return [
-            self.mapper.to_domain_event(
-                StoredEvent(
-                    session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
-                )
-            )
-            for r in session_log.rows_of_topics(self.recorder, session_id, topics)
-        ]
-
     # --------------------------------------------------------------- commands
 
     def create_session(self, **fields: Any) -> Written:
@@ -363,8 +363,8 @@ class Sessions(Application[UUID]):
     def save_new(self, session: Session) -> Written:
         """Save a session just begun (its first events), a lost commit settled."""
         pending = list(session.pending_events)
-        position = lost_commits.save(self, session)
-        self._tell_saved(session.id, pending)
+        position = store_epoch.save(self, session, False)
+        self._tell_saved(session, pending)
         return Written(session.id, session.version, position)
 
     def submit_turn(
@@ -396,6 +396,7 @@ class Sessions(Application[UUID]):
                 enqueue=enqueue,
                 deadline_at=deadline_at,
                 traceparent=traceparent,
+                idempotency_window=self.idempotency_window,
             )
 
         # A follow-up is submitted while a worker writes the turn ahead of it:
@@ -444,24 +445,37 @@ class Sessions(Application[UUID]):
         conflict it is discarded, since its state already holds the events
         that failed to save. A caller that goes on with the session object
         has ``decide`` return it: the object ``decide`` last ran on is the one
-        saved, now current.
+        saved, now current. Without ``current``, a command starts from this
+        process's copy of its own last save of the session when it has one
+        (``written_copies``): a lost race, a refusal or nothing to record
+        from that copy decides again on a fresh load (one more run).
         """
+        copied = current is None and (current := self._copy(session_id)) is not None
+        attempts += copied
         for attempt in range(1, attempts + 1):
             session = current if current is not None else self.get_session(session_id)
             current = None
-            result = decide(session)
+            try:
+                result = decide(session)
+            except DomainError:
+                if copied and attempt == 1:
+                    continue
+                raise
             if not session.pending_events:
+                if copied and attempt == 1:
+                    continue
                 return result, Written(session.id, session.version, None)
             pending = list(session.pending_events)
+            rides = self.riding and may_ride(session.calls, pending)
             try:
-                position = lost_commits.save(self, session)
+                position = store_epoch.save(self, session, rides)
             except IntegrityError:
                 if attempt == attempts:
                     raise ConcurrentModification(
                         f"session {session_id} was changed concurrently; try again"
                     ) from None
                 continue
-            self._tell_saved(session.id, pending)
+            self._tell_saved(session, pending)
             return result, Written(session.id, session.version, position)
         raise AssertionError("unreachable")
 
@@ -471,13 +485,3 @@ class Sessions(Application[UUID]):
             start=None, limit=limit, topics=[Session.Started.TOPIC, Session.Forked.TOPIC]
         )
         return [UUID(str(n.originator_id)) for n in notifications]
-
-
-def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
-    """The version range holding every event of these finished turns.
-
-    Turns usually finish in the order they were submitted, but a follow-up
-    cancelled while queued finishes before the turn ahead of it: take the
-    lowest first and the highest last version, not the ends of the list.
-    """
-    return min(e.first_version for e in entries), max(e.last_version for e in entries)

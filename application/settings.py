@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from turnlog.domain.turns import IDEMPOTENCY_WINDOW
+
 NAMESPACE_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,39}")
 
 
@@ -66,6 +68,20 @@ class Settings(BaseSettings):
     max_steps: int = Field(default=8, ge=1, le=100, description="Model calls per turn.")
     snapshot_interval: int = Field(
         default=100, ge=2, description="Take a snapshot every N events of a session."
+    )
+    durability: Literal["by_class", "every_step"] = Field(
+        default="by_class",
+        description="Which saves wait for the disk: `by_class` lets a claim, a model reply"
+        " asking for tools and a read-only or idempotent call's outcome ride on the next"
+        " flush (a database crash may lose them: the step runs again; docs/durability.md);"
+        " `every_step` makes every save wait.",
+    )
+    idempotency_window: int = Field(
+        default=IDEMPOTENCY_WINDOW,
+        ge=1,
+        le=100_000,
+        description="A session remembers the `Idempotency-Key` of its last N keyed turns and"
+        " of its open ones; a retry with an older key is a new turn (docs/long-sessions.md).",
     )
     context_max_turns: int | None = Field(
         default=None,

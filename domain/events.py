@@ -16,6 +16,7 @@ from typing import Any, cast
 from eventsourcing.domain import Aggregate
 
 from turnlog.domain.turns import (
+    IDEMPOTENCY_WINDOW,
     CallState,
     FinishedEntry,
     ProbeAnswer,
@@ -46,6 +47,9 @@ class TurnSubmitted(Event):
     deadline_at: datetime | None = None
     # The submitter's W3C trace context (absent unless one was sent).
     traceparent: str = ""
+    # How many keyed submissions the session remembers after this one (older
+    # events, stored before the window, load with the default).
+    idempotency_window: int = IDEMPOTENCY_WINDOW
 
     def apply(self, aggregate: Any) -> None:
         s = cast(Session, aggregate)
@@ -62,8 +66,8 @@ class TurnSubmitted(Event):
             )
         )
         if self.idempotency_key:
-            s.idempotency_keys[self.idempotency_key] = self.turn_id
-            s.idempotency_digests[self.idempotency_key] = message_digest(self.message)
+            remember_key(s, self.idempotency_key, self.turn_id, message_digest(self.message))
+            forget_old_keys(s, self.idempotency_window)
 
 
 class TurnClaimed(Event):
@@ -476,6 +480,32 @@ def _finish(session: Session, turn: Turn, version: int) -> None:
     session.turns = [t for t in session.turns if t.turn_id != turn.turn_id]
     for call_id in turn.call_ids:
         session.calls.pop(call_id, None)
+
+
+def remember_key(session: Session, key: str, turn_id: str, digest: str) -> None:
+    """Record a submission's key as the newest (a key back after it was forgotten too)."""
+    session.idempotency_keys.pop(key, None)
+    session.idempotency_digests.pop(key, None)
+    session.idempotency_keys[key] = turn_id
+    session.idempotency_digests[key] = digest
+
+
+def forget_old_keys(session: Session, window: int) -> None:
+    """Keep the keys of the last ``window`` keyed submissions and of every open turn.
+
+    The dicts keep insertion order (in snapshots too: JSON objects keep it),
+    oldest first. A forgotten key names no turn any more: a submission with
+    it is a new one.
+    """
+    keys: dict[str, str] = session.idempotency_keys
+    excess = len(keys) - max(1, window)
+    if excess <= 0:
+        return
+    open_ids = {t.turn_id for t in session.turns if t.state.is_open}
+    old = [k for k, turn_id in keys.items() if turn_id not in open_ids][:excess]
+    for key in old:
+        del keys[key]
+        session.idempotency_digests.pop(key, None)
 
 
 def message_digest(message: str) -> str:

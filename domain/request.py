@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
 PLACEHOLDER_PROPOSED = "not run yet: waiting for an operator's approval"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a long request holds tens of thousands
 class Message:
     """One message of a model request (system, user, assistant or tool)."""
 
@@ -70,14 +70,18 @@ def tool_result_text(call: ToolCall) -> str:
     return PLACEHOLDER_UNKNOWN
 
 
-def next_request(session: Session, earlier: Session | None = None) -> ModelRequest:
+def next_request(
+    session: Session, earlier: Session | None = None, said: Sequence[Message] | None = None
+) -> ModelRequest:
     """Build the provider request from the session's state and its earlier turns.
 
     A session as the application loads it holds only its open turn; the
     finished turns the request carries come in ``earlier``: a retaining
-    session rebuilt from those turns' own events (``Sessions.request_for``
-    reads them from the stream by version range). A retaining session holds
-    every turn itself and needs no ``earlier``.
+    session rebuilt from those turns' own events (``Sessions.request_at``
+    reads them from the stream by version range), or in ``said``: the
+    messages those turns contribute, already rendered (``said_messages`` of
+    each, in order; what ``Sessions.request_for`` keeps of finished turns).
+    A retaining session holds every turn itself and needs neither.
     """
     messages: list[Message] = []
     if session.system_prompt:
@@ -86,10 +90,11 @@ def next_request(session: Session, earlier: Session | None = None) -> ModelReque
         # The latest context summary stands for every turn it covers; the
         # turns after it follow in full (``earlier`` holds only those).
         messages.append(summary_message(session.compaction))
-    if earlier is not None:
+    if said is not None:
+        messages.extend(said)
+    elif earlier is not None:
         for turn in earlier.turns:
-            if not turn.state.is_open and not _unsaid(turn):
-                messages.extend(_turn_messages(earlier, turn))
+            messages.extend(said_messages(earlier, turn))
     current = session.open_turn
     for turn in session.turns:
         if turn.state is TurnState.QUEUED and turn is not current:
@@ -148,6 +153,13 @@ def message_chars(message: Message) -> int:
 _rendered: dict[int, tuple[weakref.ref[Turn], tuple[Message, ...]]] = {}
 
 
+def said_messages(earlier: Session, turn: Turn) -> tuple[Message, ...]:
+    """What one turn of ``earlier`` adds to a request as an earlier turn (none: open or unsaid)."""
+    if turn.state.is_open or _unsaid(turn):
+        return ()
+    return _turn_messages(earlier, turn)
+
+
 def turn_messages(session: Session, turn: Turn) -> tuple[Message, ...]:
     """The messages one turn of ``session`` contributes to a request."""
     return _turn_messages(session, turn)
@@ -197,6 +209,33 @@ def _render(session: Session, turn: Turn) -> tuple[Message, ...]:
 def _reply_is_last_step(reply: str, steps: list[Any]) -> bool:
     """A completed turn's reply is normally its last step's text, already included."""
     return bool(steps) and not steps[-1].call_ids and steps[-1].text == reply
+
+
+def messages_to_json(messages: Sequence[Message]) -> str | None:
+    """The messages as compact JSON that ``messages_from_json`` turns back into equal ones.
+
+    Each is [role, content, tool calls, call id, name], trailing defaults left out.
+    None when they would not come back equal (a value JSON does not carry).
+    """
+    rows = []
+    for m in messages:
+        row: list[Any] = [m.role, m.content, list(m.tool_calls), m.tool_call_id, m.name]
+        while len(row) > 2 and not row[-1]:
+            row.pop()
+        rows.append(row)
+    try:
+        text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text.encode()  # a lone surrogate has no UTF-8 form
+    except (TypeError, ValueError):
+        return None
+    return text if messages_from_json(json.loads(text)) == tuple(messages) else None
+
+
+def messages_from_json(rows: list[list[Any]]) -> tuple[Message, ...]:
+    """Messages back from the decoded JSON of ``messages_to_json``."""
+    return tuple(
+        [Message(*r) if len(r) < 3 else Message(r[0], r[1], tuple(r[2]), *r[3:]) for r in rows]
+    )
 
 
 def _as_json(value: Any) -> str:

@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import field
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any, TypeAlias
 from uuid import UUID, uuid4
 
@@ -29,6 +30,7 @@ from turnlog.domain.events import (
 )
 from turnlog.domain.turns import (
     APPROVAL_POLICIES,
+    IDEMPOTENCY_WINDOW,
     MAX_DEADLINE_SECONDS,
     MAX_MESSAGE_BYTES,
     MAX_QUEUED_TURNS,
@@ -63,8 +65,9 @@ class Session(Aggregate):
 
     TOPIC = "turnlog.session.Session.v1"
     # Version 2 of the state (and of snapshots) is the bounded one; version-1
-    # snapshots held every turn and are upcast as they load.
-    class_version = 2
+    # snapshots held every turn, version-2 ones every idempotency key, and both
+    # are upcast as they load.
+    class_version = 3
 
     Event: TypeAlias = events.Event
 
@@ -234,6 +237,20 @@ class Session(Aggregate):
         }
         state["turns"] = [t for t in turns if t.turn_id in open_ids]
         state["calls"] = {k: c for k, c in state["calls"].items() if c.turn_id in open_ids}
+
+    @staticmethod
+    def upcast_v2_v3(state: dict[str, Any]) -> None:
+        """A version-2 snapshot kept every idempotency key: keep only the window's.
+
+        Its keys were all recorded under the default window, so that is the one
+        applied (as a replay of its events would).
+        """
+        held = SimpleNamespace(
+            turns=state["turns"],
+            idempotency_keys=state["idempotency_keys"],
+            idempotency_digests=state["idempotency_digests"],
+        )
+        events.forget_old_keys(held, IDEMPOTENCY_WINDOW)
 
     @classmethod
     def start(
@@ -509,10 +526,13 @@ class Session(Aggregate):
         enqueue: bool = False,
         deadline_at: datetime | None = None,
         traceparent: str = "",
+        idempotency_window: int = IDEMPOTENCY_WINDOW,
     ) -> tuple[Turn | FinishedTurn, bool]:
         """Queue a user message as a new turn; returns (turn, created).
 
-        A key already used in this session returns the turn it created.
+        A key the session still remembers returns the turn it created: the
+        keys of its last ``idempotency_window`` keyed submissions (recorded
+        with this one) and of every open turn; an older key is a new turn.
         ``enqueue``: while a turn is queued or running, queue this one behind
         it instead of refusing it (an interrupted turn still refuses it).
         ``deadline_at``: when the runtime cancels the turn (None: never).
@@ -531,6 +551,8 @@ class Session(Aggregate):
             return self.finished_turn(turn_id) or self.turn(turn_id), False
         check_message(message)
         check_storable((message, idempotency_key), "the message")
+        if idempotency_window < 1:
+            raise errors.InvalidInput("the idempotency window must be at least 1")
         self._require_open()
         if enqueue:
             self._require_no_unresolved_turn()
@@ -546,6 +568,7 @@ class Session(Aggregate):
             message=message,
             idempotency_key=idempotency_key,
             deadline_at=deadline_at,
+            idempotency_window=idempotency_window,
             **({"traceparent": traceparent} if traceparent else {}),
         )
         return self.turns[-1], True

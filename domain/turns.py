@@ -6,6 +6,7 @@ JSON-friendly values so that snapshots can store them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -15,6 +16,9 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_TOOL_ATTEMPTS = 3
 MAX_DEADLINE_SECONDS = 7 * 24 * 3600.0  # the longest deadline a turn may be given
 MAX_QUEUED_TURNS = 100  # follow-up turns a session may hold queued behind the current one
+# Idempotency keys a session remembers: those of its last N keyed submissions,
+# and of every turn still open (TURNLOG_IDEMPOTENCY_WINDOW; docs/long-sessions.md).
+IDEMPOTENCY_WINDOW = 100
 DEADLINE_REASON = "deadline"
 RUNTIME_ACTOR = "turnlog"  # the actor of what the runtime decides by itself (deadlines)
 APPROVAL_POLICIES = ("none", "side_effecting", "all")
@@ -258,3 +262,13 @@ def require_text(value: str, what: str, error: type[Exception]) -> str:
     if not text:
         raise error(f"{what} is required")
     return text
+
+
+def version_span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
+    """The version range holding every event of these finished turns.
+
+    Turns usually finish in the order they were submitted, but a follow-up
+    cancelled while queued finishes before the turn ahead of it: take the
+    lowest first and the highest last version, not the ends of the list.
+    """
+    return min(e.first_version for e in entries), max(e.last_version for e in entries)

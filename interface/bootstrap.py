@@ -78,11 +78,12 @@ def open_sessions(
     """
     with database.bootstrap_lock(db) as conn:
         database.create_schema(conn, settings.namespace)
-        # Constructing with CREATE_TABLE=y creates the tables; doing it under
-        # the lock keeps processes that start together from racing on CREATE.
+        # CREATE_TABLE=y, under the lock: processes starting together never race on CREATE.
         return Sessions(
             env=database.library_env(db, settings, create_table=True, owns_schema=owns_schema),
             snapshot_interval=settings.snapshot_interval,
+            riding=settings.durability == "by_class",
+            idempotency_window=settings.idempotency_window,
         )
 
 

@@ -159,7 +159,8 @@ def rebuild(
                 continue
             waiting_since, noticed = None, 0.0
             pairs = events.decode(page.records)
-            fold_together(events.datastore, [Fold(v, p, place, pairs) for v, p in workers])
+            folds = [Fold(v, p, place, pairs) for v, p in workers]
+            fold_together(events.datastore, folds, page.epoch)
             place = page.records[-1][0]
             done += len(page)
             report(done, max(total, done))

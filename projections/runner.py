@@ -280,7 +280,7 @@ class ReadModelRunner:
         if not folds:
             return
         try:
-            places = fold_together(self._events.datastore, [fold for _, fold in folds])
+            places = fold_together(self._events.datastore, [fold for _, fold in folds], page.epoch)
         except Exception as exc:
             if len(folds) == 1:
                 self._fail(folds[0][0], exc)
@@ -288,7 +288,7 @@ class ReadModelRunner:
             log.info("projections: folding together failed (%s); folding one at a time", exc)
             for lead, fold in folds:
                 try:
-                    self._moved(lead, fold_together(self._events.datastore, [fold])[0])
+                    self._moved(lead, fold_together(self._events.datastore, [fold], page.epoch)[0])
                     self.commits += 1
                 except Exception as alone:
                     self._fail(lead, alone)
@@ -317,6 +317,10 @@ class ReadModelRunner:
             lead.backoff,
         )
         self._let_go(lead)
+        # The pages kept may be from before a restart of the database: the read model
+        # reads from its stored place itself when it leads again.
+        with self._pages_lock:
+            self._pages.clear()
         lead.next_try = now + lead.backoff
         lead.backoff = min(lead.backoff * 2, MAX_BACKOFF)
 
@@ -365,12 +369,14 @@ class ReadModelRunner:
                     continue
                 if page.after > reached:
                     break  # a gap: pages were dropped, or we started behind
+                if last is not None and page.epoch != last.epoch:
+                    break  # read in another epoch of the server: folded on its own
                 self._pages.popleft()
                 records += [r for r in page.records if r[0] > reached]
                 reached, last = page.next, page
             gap = bool(self._pages) and self._pages[0].after > reached
         if last is not None:
-            return LogPage(records, last.horizon, last.pending, through, reached)
+            return LogPage(records, last.horizon, last.pending, through, reached, last.epoch)
         if gap or self._follower.place > through:
             return self._read(through)  # catching up
         return None

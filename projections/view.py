@@ -20,6 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from eventsourcing.persistence import IntegrityError, Tracking, TrackingRecorder
@@ -30,6 +31,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from turnlog.application.errors import ProjectionConflict
+from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store import logorder
 from turnlog.application.store.database import rendered
 from turnlog.application.store.logorder import Place, place_of_tracking
@@ -452,19 +454,27 @@ def fold_batch(
     return fold_together(view.datastore, [Fold(view, projection, expected, events)])[0]
 
 
-def fold_together(datastore: PostgresDatastore, folds: Sequence[Fold]) -> list[Place]:
+def fold_together(
+    datastore: PostgresDatastore, folds: Sequence[Fold], epoch: datetime | None = None
+) -> list[Place]:
     """Apply each fold to its view as one batch, all of them in ONE transaction.
 
     Returns each view's new place. One commit for several read models: every
-    view moves on, or (on any error) none does.
+    view moves on, or (on any error) none does. ``epoch``: when the server the
+    events were read from had started (``store.epoch``); the fold is refused
+    (``store.epoch.ServerRestarted``) if it has started again since, as a commit that rode
+    and was visible then may be gone.
     """
     live = [f for f in folds if f.events]
     if not live:
         return [f.expected for f in folds]
     with datastore.get_connection() as conn, conn.pipeline(), conn.transaction():
         try:
+            same = store_epoch.same_epoch(conn, epoch) if epoch is not None else None
             for opened in [fold.view.load(conn, scopes_of(fold)) for fold in live]:
                 opened()
+            if same is not None:
+                same()
             for fold in live:
                 for event, tracking in fold.events:
                     fold.projection.process_event(event, tracking)

@@ -122,9 +122,12 @@ def _tool_reply(
     messages = request.messages
     if request.turn:
         # Unique within the session: the turn's number, then the request's
-        # whole content (within a turn, each step's request is longer). The
-        # length alone is not enough once a context policy keeps requests short.
-        content = [[m.role, m.content, m.tool_call_id, list(m.tool_calls)] for m in messages]
+        # content from the turn's own message on (within a turn, each step's
+        # request holds more of it). The length alone is not enough once a
+        # context policy keeps requests short; the earlier turns are left out,
+        # so the cost does not grow with the session.
+        own = _current_turn(messages)
+        content = [[m.role, m.content, m.tool_call_id, list(m.tool_calls)] for m in own]
         digest = _digest(content)
         call_id = f"call_{request.turn}_{len(messages)}_{digest}"
     else:
@@ -133,6 +136,14 @@ def _tool_reply(
         call_id = f"call_{len(messages)}_{_digest([len(messages), messages[-1].content])}"
     call = {"call_id": call_id, "name": name, "arguments": arguments}
     return ModelReply("", tool_calls=(call,), usage=usage)
+
+
+def _current_turn(messages: Sequence[Message]) -> Sequence[Message]:
+    """The messages from the last user message on: the turn the request is for."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "user":
+            return messages[index:]
+    return messages
 
 
 def _digest(value: Any) -> str:

@@ -60,13 +60,25 @@ def migration_statement(schema: str, events_table: str) -> sql.Composed:
     )
 
 
-def insert_statement(schema: str, events_table: str) -> sql.Composed:
+# Cross-joined into a statement, this makes its transaction's commit not wait for the
+# disk (``synchronous_commit`` off for that transaction only, as ``SET LOCAL`` would).
+_RIDING = sql.SQL(" CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS r")
+
+
+def insert_statement(schema: str, events_table: str, riding: bool = False) -> sql.Composed:
     """One statement: insert the events with their transaction id and their chained hash.
 
     ``c`` starts, for each stream of the save, at its first new event, from
     the stored previous row's hash (the empty string at version 1; NULL when
-    that row is unchained or missing, which propagates), and recurses through
-    the save's following versions of the same stream.
+    that row is unchained), and recurses through the save's following
+    versions of the same stream. A stream whose previous row is missing
+    (a gap: a commit that rode was lost in a crash of the database, and this
+    writer did not know) has no start in ``c``; then the statement inserts
+    nothing at all, and returns no row (the recorder reports a conflict).
+    So it does when the epoch given (twice; NULL: any) is not the server's:
+    the writer's session object was read before the server restarted
+    (``store.epoch``). ``riding``: the commit does not wait for the disk
+    (``domain.durability``). Parameters: ids, versions, topics, states, epoch, epoch.
     """
     return sql.SQL(
         "WITH RECURSIVE u AS ("
@@ -78,14 +90,18 @@ def insert_statement(schema: str, events_table: str) -> sql.Composed:
         "    || convert_to(u.t, 'UTF8') || decode('00', 'hex') || u.s)"
         "  FROM u LEFT JOIN {t} p ON p.originator_id = u.i AND p.originator_version = u.v - 1"
         "  WHERE NOT EXISTS (SELECT 1 FROM u w WHERE w.i = u.i AND w.v = u.v - 1)"
+        "   AND (u.v = 1 OR p.originator_id IS NOT NULL)"
         "  UNION ALL"
         "  SELECT u.i, u.v, sha256(c.h || convert_to(u.t, 'UTF8') || decode('00', 'hex') || u.s)"
         "  FROM c JOIN u ON u.i = c.i AND u.v = c.v + 1)"
         " INSERT INTO {t} (originator_id, originator_version, topic, state, xact_id, hash)"
         " SELECT u.i, u.v, u.t, u.s, pg_current_xact_id(), c.h"
-        " FROM u JOIN c ON c.i = u.i AND c.v = u.v ORDER BY u.n"
-        " RETURNING notification_id"
-    ).format(t=table(schema, events_table))
+        " FROM u JOIN c ON c.i = u.i AND c.v = u.v{riding}"
+        " WHERE (SELECT count(*) FROM c) = (SELECT count(*) FROM u)"
+        "  AND (%s::timestamptz IS NULL OR pg_postmaster_start_time() = %s::timestamptz)"
+        " ORDER BY u.n"
+        " RETURNING notification_id, pg_postmaster_start_time() AS epoch"
+    ).format(t=table(schema, events_table), riding=_RIDING if riding else sql.SQL(""))
 
 
 @dataclass(frozen=True)

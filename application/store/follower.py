@@ -43,7 +43,8 @@ from psycopg import sql
 
 from turnlog.application.errors import ApplicationError
 from turnlog.application.sessions import Sessions
-from turnlog.application.store import logorder
+from turnlog.application.store import epoch as store_epoch
+from turnlog.application.store import logorder, restart
 from turnlog.application.store.database import Database, connect
 from turnlog.application.store.logorder import LogPage, Place
 from turnlog.application.store.recorder import Hint, log_channel, notice_of
@@ -112,6 +113,11 @@ class LogFollower:
         self.hinted = 0  # notifications of other processes whose hints were handed over
         self._origin = recorder.notifier.origin  # names this process in its own payloads
         self.place = Place.start()  # where the next read begins
+        self._epoch = store_epoch.of(self._datastore)
+        self._page_epoch: Any = None  # the server's epoch of the last page read
+        self._flush_bound = restart.DEFAULT_FLUSH_BOUND
+        self._read_at = restart.Places(self._flush_bound, (time.monotonic(), self.place))
+        self.rewinds = 0  # times the place went back after the database restarted
         self._subscribers: list[Subscriber] = []
         # Whether a subscriber needs pages soon after the commits: always (True),
         # never (False), or as a function says now.
@@ -164,6 +170,8 @@ class LogFollower:
             return
         with self._datastore.get_connection() as conn, conn.cursor() as curs:
             self.place = Place.below(logorder.current_horizon(curs))
+            self._flush_bound = restart.flush_bound(curs)
+        self._read_at = restart.Places(self._flush_bound, (time.monotonic(), self.place))
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="turnlog-follower", daemon=True)
         self._thread.start()
@@ -276,12 +284,37 @@ class LogFollower:
                         log.exception("a follower's hint subscriber failed")
         return told
 
+    def _restarted(self, page: LogPage) -> bool:
+        """Whether the page was read from a server that restarted since the last read.
+
+        Then events read before it may be gone (commits that rode) and their
+        places given out again: the page is dropped and the place goes back to
+        one read long enough before the restart to be on disk
+        (``restart.Places``); subscribers may see events again.
+        """
+        before, self._page_epoch = self._page_epoch, page.epoch
+        if before is None or page.epoch is None or page.epoch == before:
+            return False
+        back = self._read_at.durable()
+        log.warning(
+            "the database restarted: reading the log again from position %d (was at %d)",
+            back.position,
+            self.place.position,
+        )
+        self._epoch.learned(page.epoch)
+        self.place = min(self.place, back)
+        self._read_at = restart.Places(self._flush_bound, (time.monotonic(), self.place))
+        self.rewinds += 1
+        return True
+
     def read(self) -> bool:
         """Read the tail once (in batches while full) and fan it out; True when rows wait."""
         while True:
             with self._datastore.get_connection() as conn, conn.cursor() as curs:
                 page = logorder.read_log(curs, self._table, self.place, BATCH)
             self.reads += 1
+            if self._restarted(page):
+                continue
             if page.records or page.next > self.place:
                 self.rows_read += len(page.records)
                 for subscriber in list(self._subscribers):
@@ -292,6 +325,7 @@ class LogFollower:
                 # Moved only now: a reader comparing its place with ours never
                 # sees a page as read before it was handed over.
                 self.place = page.next
+                self._read_at.append((time.monotonic(), self.place))
                 self.changed.fire()
             if len(page.records) < BATCH:
                 return page.pending

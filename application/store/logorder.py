@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from eventsourcing.persistence import Notification, Tracking
@@ -142,6 +143,9 @@ class LogPage:
     pending: bool = False
     after: Place = Place(0, 0)
     next: Place = Place(0, 0)
+    # When the server that was read had started (``store.epoch``): what a page read
+    # before a restart holds may have been lost in it. None: not known.
+    epoch: datetime | None = None
 
     @property
     def last(self) -> Place | None:
@@ -158,7 +162,7 @@ class LogPage:
 # every event the namespace kept, paid on every read of the tail.
 _READ = sql.SQL(
     "WITH h AS (SELECT {horizon} AS x)"
-    " SELECT e.*, h.x::text AS horizon,"
+    " SELECT e.*, h.x::text AS horizon, pg_postmaster_start_time() AS epoch,"
     "  coalesce((SELECT {xact} FROM {t} ORDER BY {xact} DESC LIMIT 1) >= h.x, false)"
     "   AS pending"
     " FROM h LEFT JOIN LATERAL ("
@@ -220,13 +224,14 @@ def read_log(
     first = rows[0] if rows else None
     horizon = int(first["horizon"]) if first else 0
     pending = bool(first["pending"]) if first else False
+    epoch = first["epoch"] if first else None
     if records and len(records) == limit:
         after_all = records[-1][0]  # more may follow: go on from the last row read
     elif stop is not None:
         after_all = max(after, min(stop, Place.below(horizon)))
     else:
         after_all = max(after, Place.below(horizon))
-    return LogPage(records, horizon, pending, after, after_all)
+    return LogPage(records, horizon, pending, after, after_all, epoch)
 
 
 def _quoted(name: str) -> str:

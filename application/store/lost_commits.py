@@ -42,6 +42,11 @@ from turnlog.application.store.pool import fails_fast
 
 log = logging.getLogger("turnlog.recorder")
 
+# The keywords a save passes through the library to the recorder: its commit may ride;
+# the epoch its session object was read in (``store.epoch``).
+RIDES = "turnlog_rides"
+EPOCH = "turnlog_epoch"
+
 PATIENCE = 60.0  # seconds a patient writer waits to read the stream again
 INTERVAL = 0.5  # seconds between attempts while the server cannot be read
 
@@ -53,9 +58,12 @@ _counts_lock = threading.Lock()
 class CommitOutcomeUnknown(PersistenceOperationalError):
     """The connection was lost after the save was sent: stored or not is unknown."""
 
-    def __init__(self, detail: str, events: Sequence[StoredEvent]) -> None:
+    def __init__(
+        self, detail: str, events: Sequence[StoredEvent], options: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(detail)
         self.events = list(events)
+        self.options = dict(options or {})  # the save's (``RIDES``, ``EPOCH``)
 
 
 def unanswered(exc: BaseException) -> bool:
@@ -77,10 +85,18 @@ def unanswered(exc: BaseException) -> bool:
     return state is None or state[:2] == "08" or state.startswith("57P")
 
 
-def save(app: Any, aggregate: Any) -> int:
-    """``app.save(aggregate)``: the last event's log position; an unanswered commit settled."""
+def save(app: Any, aggregate: Any, rides: bool = False, epoch: Any = None) -> int:
+    """``app.save(aggregate)``: the last event's log position; an unanswered commit settled.
+
+    ``rides``: the save may be lost in a crash of the database (``domain.durability``),
+    so its commit does not wait for the disk. ``epoch``: the server's epoch the
+    aggregate was read in (``store.epoch``); None: any.
+    """
     try:
-        return int(app.save(aggregate)[-1].notification.id)
+        options: dict[str, Any] = {EPOCH: epoch}
+        if rides:
+            options[RIDES] = True
+        return int(app.save(aggregate, **options)[-1].notification.id)
     except CommitOutcomeUnknown as lost:
         return settle(app.recorder, lost)[-1]
 
@@ -119,7 +135,7 @@ def _settle_once(recorder: Any, lost: CommitOutcomeUnknown) -> list[int]:
     if not stored:
         _settled("not stored: written again", first)
         try:
-            return list(recorder.insert_events(lost.events))
+            return list(recorder.insert_events(lost.events, **lost.options))
         except CommitOutcomeUnknown as again:
             return settle(recorder, again)
     _settled("overtaken by another writer", first)

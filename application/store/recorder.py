@@ -69,8 +69,14 @@ from psycopg.sql import SQL
 
 from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
+from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store.database import rendered
-from turnlog.application.store.lost_commits import CommitOutcomeUnknown, unanswered
+from turnlog.application.store.lost_commits import (
+    EPOCH,
+    RIDES,
+    CommitOutcomeUnknown,
+    unanswered,
+)
 
 
 def _quoted(name: str) -> str:
@@ -351,7 +357,11 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         )
         self.sql_create_statements.append(chain.migration_statement(schema, self.events_table_name))
         self._insert = rendered(chain.insert_statement(schema, self.events_table_name))
+        self._insert_riding = rendered(
+            chain.insert_statement(schema, self.events_table_name, riding=True)
+        )
         self.notifier = Notifier(self.datastore, self.channel_name)
+        self.epoch = store_epoch.of(self.datastore)
         # The factory flushes it when the application closes (application/store/pool.py).
         notifiers: list[Notifier] = getattr(self.datastore, "turnlog_notifiers", [])
         notifiers.append(self.notifier)
@@ -409,27 +419,30 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             [e.originator_version for e in stored_events],
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
+            kwargs.get(EPOCH),
+            kwargs.get(EPOCH),
         )
         # The insert is its own transaction (one autocommit statement, or BEGIN …
         # COMMIT ahead of its NOTIFY in one pipeline). Notified after it ended, also
         # when it failed (and then at once): a failed insert held the horizon back
         # while it ran, and readers waiting behind it should look again.
+        insert = self._insert_riding if kwargs.get(RIDES) else self._insert
         taken = self.notifier.take_now(params[2], params[0], params[1])
         stored = sent = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 sent = True
                 if taken is None:
-                    curs.execute(self._insert, params, prepare=True)
+                    curs.execute(insert, params, prepare=True)
                 else:
-                    self._insert_notifying(conn, curs, params, taken.payload)
+                    self._insert_notifying(conn, curs, insert, params, taken.payload)
                 rows = curs.fetchall()
-            stored = True
+            stored = bool(rows)
         except PersistenceOperationalError as exc:
             # Sent, and no answer: stored or not, nobody knows yet (store.lost_commits).
             if sent and unanswered(exc):
                 detail = (str(exc).strip().splitlines() or ["connection lost"])[0]
-                raise CommitOutcomeUnknown(detail, stored_events) from exc
+                raise CommitOutcomeUnknown(detail, stored_events, kwargs) from exc
             raise
         finally:
             if stored:
@@ -441,10 +454,18 @@ class TurnlogRecorder(PostgresApplicationRecorder):
                 self.notifier.give_back(taken)
             else:
                 self.notifier.notify()
-        return [int(next(iter(row.values()))) for row in rows]
+        if not rows:
+            raise store_epoch.refusal(self, stored_events[0], kwargs.get(EPOCH))
+        self.epoch.saved_in(rows[0]["epoch"])
+        return [int(row["notification_id"]) for row in rows]
 
     def _insert_notifying(
-        self, conn: Connection[Any], curs: Cursor[Any], params: tuple[Any, ...], payload: str
+        self,
+        conn: Connection[Any],
+        curs: Cursor[Any],
+        insert: bytes,
+        params: tuple[Any, ...],
+        payload: str,
     ) -> None:
         """The insert in a transaction of its own, then its NOTIFY in another: one round trip.
 
@@ -454,6 +475,6 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         """
         with conn.pipeline():
             conn.execute(_BEGIN, prepare=True)
-            curs.execute(self._insert, params, prepare=True)
+            curs.execute(insert, params, prepare=True)
             conn.execute(_COMMIT, prepare=True)
             conn.execute(self.notifier.statement, (self.channel_name, payload), prepare=True)

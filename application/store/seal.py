@@ -34,7 +34,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -48,6 +48,7 @@ from psycopg.errors import DuplicateObject
 from psycopg.sql import SQL, Composable, Composed, Identifier, Literal
 
 from turnlog.application.errors import SchemaNotReady
+from turnlog.application.store import finished_chunks
 from turnlog.application.store.logorder import table
 
 log = logging.getLogger("turnlog.snapshots")
@@ -90,10 +91,13 @@ class SealedRow:
     digest: bytes | None
     event_hash: bytes | None
     event_exists: bool
+    # The state with its chunked entries back in (``finished_chunks``); None: as stored.
+    whole_state: bytes | None = None
 
     @property
     def stored(self) -> StoredEvent:
-        return StoredEvent(self.session_id, self.version, self.topic, self.state)
+        state = self.state if self.whole_state is None else self.whole_state
+        return StoredEvent(self.session_id, self.version, self.topic, state)
 
     def verdict(self) -> str:
         """Empty when the seal holds; ``UNSEALED``; else why the snapshot must not be used."""
@@ -136,7 +140,8 @@ def _quoted(name: str) -> str:
 _READY = SQL(
     "SELECT to_regclass(%(table)s) IS NOT NULL AS exists,"
     " (SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass(%(table)s)"
-    "  AND attname IN ('chain_head', 'digest') AND NOT attisdropped) = 2 AS ready"
+    "  AND attname IN ('chain_head', 'digest') AND NOT attisdropped) = 2"
+    " AND to_regclass(%(chunks)s) IS NOT NULL AS ready"
 )
 _LOCK_TIMEOUT = SQL("SELECT set_config('lock_timeout', %s, true)")
 
@@ -170,7 +175,17 @@ def sealed_row(row: Any) -> SealedRow:
 def read_rows(conn: Any, schema: str, snapshots_table: str, session_id: UUID) -> list[SealedRow]:
     """Every snapshot row of a stream, in version order (for the audit)."""
     statement = select_statement(schema, snapshots_table) + SQL(" ORDER BY s.originator_version")
-    return [sealed_row(r) for r in conn.execute(statement, [session_id]).fetchall()]
+    rows = [sealed_row(r) for r in conn.execute(statement, [session_id]).fetchall()]
+    with conn.cursor() as curs:
+        whole = finished_chunks.splice(
+            curs, schema, snapshots_table, session_id, [r.stored for r in rows]
+        )
+    # A snapshot whose chunks do not prove out keeps its stored state (and so
+    # differs from the replay in the audit).
+    return [
+        r if w is None or w.state is r.state else replace(r, whole_state=w.state)
+        for r, w in zip(rows, whole, strict=True)
+    ]
 
 
 class SnapshotRecorder(PostgresAggregateRecorder):
@@ -185,6 +200,9 @@ class SnapshotRecorder(PostgresAggregateRecorder):
             self.sql_create_statements.append(
                 _column_statement(schema, self.events_table_name, column)
             )
+        self.sql_create_statements.append(
+            finished_chunks.create_statement(schema, self.events_table_name)
+        )
         events = table(schema, events_table_of(self.events_table_name))
         self._insert = SQL(
             "INSERT INTO {s} (originator_id, originator_version, topic, state, chain_head, digest)"
@@ -196,11 +214,14 @@ class SnapshotRecorder(PostgresAggregateRecorder):
         self._select = select_statement(schema, self.events_table_name)
 
     def create_table(self) -> None:
-        """Create the table, or add the seal's columns to one stored by older code."""
+        """Create the tables (snapshots, their chunks), or add the seal's columns to older ones."""
         schema = self.datastore.schema
         name = f"{_quoted(schema)}.{_quoted(self.events_table_name)}"
+        chunks = (
+            f"{_quoted(schema)}.{_quoted(finished_chunks.chunks_table_of(self.events_table_name))}"
+        )
         with self.datastore.transaction(commit=False) as curs:
-            curs.execute(_READY, {"table": name})
+            curs.execute(_READY, {"table": name, "chunks": chunks})
             row = curs.fetchone()
         if row is not None and row["ready"]:
             self.datastore.register_type_adapters()
@@ -241,15 +262,25 @@ class SnapshotRecorder(PostgresAggregateRecorder):
     ) -> Sequence[int] | None:
         if not stored_events:
             return None
-        params = (
+        if not any(finished_chunks.may_chunk(e) for e in stored_events):
+            with self.datastore.get_connection() as conn, conn.cursor() as curs:
+                curs.execute(self._insert, self._params(stored_events))
+            return None
+        schema, name = self.datastore.schema, self.events_table_name
+        with self.datastore.get_connection() as conn, conn.transaction(), conn.cursor() as curs:
+            # Older entries go to chunks in the same transaction as the row naming them.
+            stripped = [finished_chunks.strip(curs, schema, name, e) for e in stored_events]
+            curs.execute(self._insert, self._params(stripped))
+        return None
+
+    @staticmethod
+    def _params(stored_events: Sequence[StoredEvent]) -> tuple[list[Any], ...]:
+        return (
             [e.originator_id for e in stored_events],
             [e.originator_version for e in stored_events],
             [e.topic for e in stored_events],
             [e.state for e in stored_events],
         )
-        with self.datastore.get_connection() as conn, conn.cursor() as curs:
-            curs.execute(self._insert, params)
-        return None
 
     @retry((PersistenceInterfaceError, PersistenceOperationalError), max_attempts=10, wait=0.2)
     def select_events(
@@ -278,19 +309,36 @@ class SnapshotRecorder(PostgresAggregateRecorder):
         with self.datastore.get_connection() as conn, conn.cursor() as curs:
             curs.execute(statement, params, prepare=True)
             rows = [sealed_row(r) for r in curs.fetchall()]
-        kept: list[StoredEvent] = []
-        for row in rows:
-            verdict = row.verdict()
-            if verdict and verdict != UNSEALED:
+            kept: list[StoredEvent] = []
+            for row in rows:
+                verdict = row.verdict()
+                if verdict and verdict != UNSEALED:
+                    self._ignored(row, verdict)
+                    continue
+                kept.append(row.stored)
+                if limit is not None and len(kept) == limit:
+                    break
+            whole = finished_chunks.splice(
+                curs, self.datastore.schema, self.events_table_name, UUID(str(originator_id)), kept
+            )
+        for stored, spliced in zip(kept, whole, strict=True):
+            if spliced is None:
                 log.warning(
-                    "snapshot of session %s at version %d ignored, its seal does not hold"
-                    " (%s): the session is replayed from its events; run"
-                    " `turnlog audit %s --verify`",
-                    row.session_id,
-                    row.version,
-                    verdict,
-                    row.session_id,
+                    "snapshot of session %s at version %d ignored, its chunks of finished"
+                    " turns are missing or changed: the session is replayed from its events",
+                    stored.originator_id,
+                    stored.originator_version,
                 )
-                continue
-            kept.append(row.stored)
-        return kept if limit is None else kept[:limit]
+        return [s for s in whole if s is not None]
+
+    @staticmethod
+    def _ignored(row: SealedRow, verdict: str) -> None:
+        log.warning(
+            "snapshot of session %s at version %d ignored, its seal does not hold"
+            " (%s): the session is replayed from its events; run"
+            " `turnlog audit %s --verify`",
+            row.session_id,
+            row.version,
+            verdict,
+            row.session_id,
+        )

@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from eventsourcing.persistence import StoredEvent
+
+from turnlog.application.store import session_log
 from turnlog.domain.session import Session
 
 TOPICS = [
@@ -18,6 +21,24 @@ TOPICS = [
     Session.TurnFailed.TOPIC,
     Session.TurnAbandoned.TOPIC,
 ]
+
+
+def complete(app: Any, session: Session) -> None:
+    """Give ``session``'s turns their ranges, read from ``app``'s stream, if they lack them."""
+    if unknown(session):
+        fill(session, events_of_topics(app, session.id, TOPICS))
+
+
+def events_of_topics(app: Any, session_id: Any, topics: list[str]) -> list[Any]:
+    """The session's events of ``topics``, decoded, in version order."""
+    return [
+        app.mapper.to_domain_event(
+            StoredEvent(
+                session_id, int(r["originator_version"]), str(r["topic"]), bytes(r["state"])
+            )
+        )
+        for r in session_log.rows_of_topics(app.recorder, session_id, topics)
+    ]
 
 
 def unknown(session: Session) -> bool:

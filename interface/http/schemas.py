@@ -75,6 +75,7 @@ class CreateSessionRequest(Strict):
     )
     deadline_seconds: float | None = Field(
         None,
+        strict=True,
         description="Default deadline of the session's turns, in seconds (at most 7 days)."
         " Omitted: TURNLOG_TURN_DEADLINE_SECONDS, or none.",
     )
@@ -84,11 +85,15 @@ class ContextPolicyIn(Strict):
     """A session's context-window policy; a limit left out or null is not set."""
 
     max_turns: int | None = Field(
-        None, ge=1, description="At most this many turns after the latest summary in a request."
+        None,
+        ge=1,
+        strict=True,
+        description="At most this many turns after the latest summary in a request.",
     )
     max_chars: int | None = Field(
         None,
         ge=1000,
+        strict=True,
         description="A request longer than this many characters first has its oldest turns"
         " summarised.",
     )
@@ -100,6 +105,7 @@ class SubmitTurnRequest(Strict):
     message: str = Field(description="The user message (1 byte to 64 KiB).")
     deadline_seconds: float | None = Field(
         None,
+        strict=True,
         description="Cancel the turn (reason `deadline`) this many seconds after submission"
         " (more than 0, at most 7 days). Omitted: the session's default, then the server's.",
     )
@@ -112,6 +118,7 @@ class CancelTurnRequest(Strict):
     actor: str = Field(min_length=1, max_length=200, description="Who decides (recorded).")
     force: bool = Field(
         False,
+        strict=True,
         description="Also kill a side-effecting call in flight; its outcome becomes unknown"
         " and the turn is interrupted.",
     )
@@ -154,7 +161,7 @@ class ForkSessionRequest(Strict):
     """A new session that goes on from this one as it was at ``version``."""
 
     version: int = Field(
-        description="The source's version to fork at: between turns (1 to its latest)."
+        strict=True, description="The source's version to fork at: between turns (1 to its latest)."
     )
     title: str | None = Field(None, max_length=500, description="Omitted: the source's title.")
     metadata: dict[str, Any] | None = Field(

@@ -120,6 +120,10 @@ def test_invalid_requests_answer_4xx_and_leave_the_log_as_it_was(
             url + turns, content=b'{"message": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", headers=raw
         ),
         "deep metadata": post(url, "/v1/sessions", {"metadata": _nested(200)}),
+        # JSON true is not the number 1, nor "5" a count: no field coerces them.
+        "a boolean as a count": post(url, "/v1/sessions", {"context": {"max_turns": True}}),
+        "a string as a count": post(url, "/v1/sessions", {"context": {"max_chars": "5000"}}),
+        "a boolean as seconds": post(url, turns, {"message": "m", "deadline_seconds": True}),
         "nested just past the limit": post(url, "/v1/sessions", {"metadata": _nested(65)}),
         "invalid UTF-8": httpx.post(
             url + turns, content=b'{"message": "\xff\xfe\xc3("}', headers=raw

@@ -231,8 +231,8 @@ def _figure_3(
                 tn,
                 bn,
                 ratio_none,
-                "report",
-                None,
+                "≤ 2x",
+                ratio_none <= 2,
             ),
             Row(
                 "3c",

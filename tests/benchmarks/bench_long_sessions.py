@@ -49,13 +49,17 @@ def stored(db: Database, settings: Settings, session_id: UUID) -> dict[str, int]
     schema = sql.Identifier(settings.schema_name)
     out: dict[str, int] = {}
     with database.connect(db) as conn:
-        for kind in ("events", "snapshots"):
+        for kind, column in (
+            ("events", "originator_id"),
+            ("snapshots", "originator_id"),
+            ("finished_chunks", "session_id"),  # the snapshots' older finished-turn entries
+        ):
             table = sql.SQL("{}.{}").format(schema, sql.Identifier(f"sessions_{kind}"))
             row = conn.execute(
                 sql.SQL(
                     "SELECT count(*), coalesce(sum(pg_column_size(t.*)), 0)"
-                    " FROM {} AS t WHERE originator_id = %s"
-                ).format(table),
+                    " FROM {} AS t WHERE {} = %s"
+                ).format(table, sql.Identifier(column)),
                 (session_id,),
             ).fetchone()
             out[f"{kind}_rows"], out[f"{kind}_bytes"] = (
@@ -76,7 +80,7 @@ def figure_9(db: Database, cfg: Config) -> Figure:
         seeding = time.monotonic() - started
         facts = [stored(db, settings, session_id) for session_id in ids]
     per_turn = [
-        (f["events_bytes"] + f["snapshots_bytes"]) / turns
+        (f["events_bytes"] + f["snapshots_bytes"] + f["finished_chunks_bytes"]) / turns
         for f, turns in zip(facts, [BIG, small, BIG, small], strict=True)
     ]
     rows = []
@@ -100,7 +104,8 @@ def figure_9(db: Database, cfg: Config) -> Figure:
     def described(f: dict[str, int]) -> str:
         return (
             f"{f['events_rows']:,} events ({fmt(f['events_bytes'] / 1e6)} MB) +"
-            f" {f['snapshots_rows']} snapshots ({fmt(f['snapshots_bytes'] / 1e3)} kB)"
+            f" {f['snapshots_rows']} snapshots ({fmt(f['snapshots_bytes'] / 1e3)} kB) +"
+            f" {f['finished_chunks_rows']} chunks ({fmt(f['finished_chunks_bytes'] / 1e3)} kB)"
         )
 
     return Figure(
@@ -111,7 +116,7 @@ def figure_9(db: Database, cfg: Config) -> Figure:
             f"Four sessions written as in figure 3 ({BIG:,} and {small} turns, each without and"
             f" with `context.max_turns = {POLICY_TURNS}`), the snapshots taken and the"
             " superseded ones pruned at save time with the default settings. Bytes per turn ="
-            " the session's own rows in the events and snapshots tables, each row's"
+            " the session's own rows in the events, snapshots and chunks tables, each row's"
             " `pg_column_size` summed, over its turns (per-stream sums: the tables' dead rows"
             " and index pages are not counted). No policy:"
             f" {described(facts[0])} vs {described(facts[1])}; with the policy:"

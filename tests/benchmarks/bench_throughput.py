@@ -171,7 +171,7 @@ def figure_1(db: Database, cfg: Config) -> Figure:
         1,
         "turns/s, one session (fixture provider, one tool call per turn)",
         [
-            Row("1", "turns/s, 1 session", t, b, ratio, "≥ 0.5x", ratio >= 0.5),
+            Row("1", "turns/s, 1 session", t, b, ratio, "≥ 0.8x", ratio >= 0.8),
             Row(
                 "1c",
                 "the eventsourcing library alone, same commit points (ceiling of figure 1)",

@@ -34,6 +34,7 @@ from tests.benchmarks import (  # noqa: E402
     bench_search,
     bench_throughput,
     bench_waits,
+    bench_wal,
     roundtrips,
 )
 from tests.benchmarks.bench_throughput import Config  # noqa: E402
@@ -67,6 +68,7 @@ FIGURES: dict[int, tuple[str, FigureFn]] = {
     13: ("a trivial command call, sandboxed vs unconfined", bench_sandbox.figure_13),
     14: ("an MCP call after the first", bench_mcp.figure_14),
     15: ("search 100,000 sessions", bench_search.figure_15),
+    16: ("WAL per turn, late in a session vs early", bench_wal.figure_16),
 }
 
 

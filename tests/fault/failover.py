@@ -98,43 +98,20 @@ class Failover:
         self.args = args
         self.pair = PgPair((free_port(), free_port()), link_delay=args.link_delay).start()
         self.model = ToolModel().start()
-        data = Path(tempfile.mkdtemp(prefix="turnlog-failover-"))
-        self.settings = Settings(
-            database_url=self.pair.url,
-            namespace=f"failover_{uuid.uuid4().hex[:8]}",
-            data_dir=data,
-            snapshot_interval=50,
-            probes=True,
-        )
-        self.database = locate(self.settings)
-        self.cluster = Cluster(self.settings, self.database)
-        self.port = free_port()
-        self.cluster.api_url = f"http://127.0.0.1:{self.port}"
+        self.settings, self.cluster, self.port = served_cluster(self.pair.url, "failover")
+        self.database = self.cluster.database
         self.serve: Process | None = None
         self.workload = Workload(self.cluster, clients=args.clients)
         self.rounds: list[dict[str, Any]] = []
 
     def start(self) -> None:
-        env = {
-            "TURNLOG_PROVIDER": "openai",
-            "TURNLOG_MODEL": "stub",
-            "TURNLOG_OPENAI_BASE_URL": self.model.url,
-            "TURNLOG_OPENAI_API_KEY": "stub-key",
-            "TURNLOG_OPENAI_MAX_RETRIES": "3",
-            "TURNLOG_DEFAULT_TOOLS": "sleep,append_file",
-            "TURNLOG_PROBES": "1",
-        }
-        args = ("serve", "--split", "--port", str(self.port), "--concurrency", "8")
-        self.serve = self.cluster.start("serve", *args, **env)
-        poll(lambda: self.cluster._ready(self.serve), 90, "serve --split ready")  # type: ignore[arg-type]
-        # The worker and the read models are up once a turn completes (a child may take a while).
-        self._first_turn_after(self._probe_session(), time.monotonic())
+        self.serve = start_serve(self.cluster, self.port, self.model.url, True, self.args)
         self.workload.start()
 
     def round(self, n: int) -> dict[str, Any]:
         say(f"round {n}: load for {self.args.load:.0f}s on port {self.pair.primary.port}")
         before = len(self.workload.acknowledged)
-        probe = self._probe_session()
+        probe = new_session(self.cluster.api_url)
         time.sleep(self.args.load)  # the load runs meanwhile
         killed_port = self.pair.primary.port
         aimed = self.pair.kill_primary_mid_commit() if self.args.aim else False
@@ -142,7 +119,7 @@ class Failover:
             self.pair.kill_primary()
         killed = time.monotonic()
         promoted = self.pair.promote()
-        recovered = self._first_turn_after(probe, killed)
+        recovered = first_turn_after(self.cluster.api_url, probe, killed, self.args.max_recovery)
         how = "while a commit waited for the standby" if aimed else "at a random moment"
         say(
             f"round {n}: primary {killed_port} killed {how}; promoted in {promoted:.2f}s;"
@@ -162,37 +139,6 @@ class Failover:
         }
         self.rounds.append(result)
         return result
-
-    def _probe_session(self) -> str:
-        http = Client(self.cluster.api_url)
-        key = f"probe-{uuid.uuid4().hex[:8]}"
-        created = http.call(
-            "POST", "/v1/sessions", {201}, json={"title": key}, headers={"Idempotency-Key": key}
-        )
-        return str(created.json()["session_id"])
-
-    def _first_turn_after(self, session_id: str, killed: float) -> float:
-        """Seconds from the kill until a turn submitted after it completed."""
-        http = Client(self.cluster.api_url, deadline=lambda base: self.args.max_recovery * 4)
-        key = f"after-{uuid.uuid4().hex[:8]}"
-        submitted = http.call(
-            "POST",
-            f"/v1/sessions/{session_id}/turns",
-            {200, 202},
-            json={"message": "after the kill"},
-            headers={"Idempotency-Key": key},
-        )
-        turn_id = submitted.json()["turn_id"]
-        path = f"/v1/sessions/{session_id}/turns/{turn_id}"
-
-        def completed() -> bool:
-            state = http.call("GET", path, {200}).json()["state"]
-            if state not in ("queued", "running", "completed"):
-                raise AssertionError(f"the turn after the kill ended {state}")
-            return state == "completed"
-
-        poll(completed, self.args.max_recovery * 4, "a turn completed after the kill")
-        return time.monotonic() - killed
 
     def finish(self) -> dict[str, Any]:
         self.workload.finish()
@@ -227,7 +173,7 @@ class Failover:
                 len(lost_commits) - outcomes.total()
             )
         problems = {k: v for k, v in vars(findings).items() if v and k not in ("lost",)}
-        verify = self._verify(record)
+        verify = verified(self.cluster.api_url, self.settings, record)
         if verify:
             problems["verify"] = verify
         record.close()
@@ -248,31 +194,109 @@ class Failover:
             "workload_errors": self.workload.errors[:5],
         }
 
-    def _verify(self, record: Record) -> list[str]:
-        """Every session's hash chain (``audit --verify``), and the read models rebuilt from
-        the log equal to the stored ones (``projections verify``), once they caught up."""
-        head = record.position
-
-        def caught_up() -> bool:
-            response = httpx.get(f"{self.cluster.api_url}/v1/projections", timeout=10)
-            return all(item["position"] >= head for item in response.json()["items"])
-
-        poll(caught_up, 60, "the read models catching up")
-        failures = []
-        for session_id in record.session_ids():
-            done = turnlog(self.settings, "audit", session_id, "--verify")
-            if done.returncode != 0:
-                failures.append(f"audit {session_id} --verify: {done.stdout[-500:]}")
-        done = turnlog(self.settings, "projections", "verify")
-        if done.returncode != 0:
-            failures.append(f"projections verify: {done.stdout[-2000:]}")
-        return failures
-
     def close(self) -> None:
         self.workload.stop.set()
         self.cluster.stop_all()
         self.model.stop()
         self.pair.close()
+
+
+def served_cluster(database_url: str, name: str) -> tuple[Settings, Cluster, int]:
+    """Settings of a namespace of its own on ``database_url``, its cluster, serve's port."""
+    settings = Settings(
+        database_url=database_url,
+        namespace=f"{name}_{uuid.uuid4().hex[:8]}",
+        data_dir=Path(tempfile.mkdtemp(prefix=f"turnlog-{name}-")),
+        snapshot_interval=50,
+        probes=True,
+    )
+    cluster = Cluster(settings, locate(settings))
+    port = free_port()
+    cluster.api_url = f"http://127.0.0.1:{port}"
+    return settings, cluster, port
+
+
+def start_serve(
+    cluster: Cluster, port: int, model_url: str, split: bool, args: argparse.Namespace
+) -> Process:
+    """serve (``--split``: in three processes) on the fake model, up once a turn completed."""
+    argv = ["serve", "--port", str(port), "--concurrency", "8"]
+    if split:
+        argv.insert(1, "--split")
+    serve = cluster.start("serve", *argv, **serve_env(model_url))
+    poll(lambda: cluster._ready(serve), 90, "serve ready")
+    # The worker and the read models are up once a turn completes (a child may take a while).
+    first_turn_after(
+        cluster.api_url, new_session(cluster.api_url), time.monotonic(), args.max_recovery
+    )
+    return serve
+
+
+def serve_env(model_url: str) -> dict[str, str]:
+    """serve's environment for these runs: the fake model, the two built-in tools, probes on."""
+    return {
+        "TURNLOG_PROVIDER": "openai",
+        "TURNLOG_MODEL": "stub",
+        "TURNLOG_OPENAI_BASE_URL": model_url,
+        "TURNLOG_OPENAI_API_KEY": "stub-key",
+        "TURNLOG_OPENAI_MAX_RETRIES": "3",
+        "TURNLOG_DEFAULT_TOOLS": "sleep,append_file",
+        "TURNLOG_PROBES": "1",
+    }
+
+
+def new_session(api_url: str) -> str:
+    http = Client(api_url)
+    key = f"probe-{uuid.uuid4().hex[:8]}"
+    created = http.call(
+        "POST", "/v1/sessions", {201}, json={"title": key}, headers={"Idempotency-Key": key}
+    )
+    return str(created.json()["session_id"])
+
+
+def first_turn_after(api_url: str, session_id: str, killed: float, max_recovery: float) -> float:
+    """Seconds from the kill until a turn submitted after it completed."""
+    http = Client(api_url, deadline=lambda base: max_recovery * 4)
+    key = f"after-{uuid.uuid4().hex[:8]}"
+    submitted = http.call(
+        "POST",
+        f"/v1/sessions/{session_id}/turns",
+        {200, 202},
+        json={"message": "after the kill"},
+        headers={"Idempotency-Key": key},
+    )
+    turn_id = submitted.json()["turn_id"]
+    path = f"/v1/sessions/{session_id}/turns/{turn_id}"
+
+    def completed() -> bool:
+        state = http.call("GET", path, {200}).json()["state"]
+        if state not in ("queued", "running", "completed"):
+            raise AssertionError(f"the turn after the kill ended {state}")
+        return state == "completed"
+
+    poll(completed, max_recovery * 4, "a turn completed after the kill")
+    return time.monotonic() - killed
+
+
+def verified(api_url: str, settings: Settings, record: Record) -> list[str]:
+    """Every session's hash chain (``audit --verify``), and the read models rebuilt from
+    the log equal to the stored ones (``projections verify``), once they caught up."""
+    head = record.position
+
+    def caught_up() -> bool:
+        response = httpx.get(f"{api_url}/v1/projections", timeout=10)
+        return bool(all(item["position"] >= head for item in response.json()["items"]))
+
+    poll(caught_up, 60, "the read models catching up")
+    failures = []
+    for session_id in record.session_ids():
+        done = turnlog(settings, "audit", session_id, "--verify")
+        if done.returncode != 0:
+            failures.append(f"audit {session_id} --verify: {done.stdout[-500:]}")
+    done = turnlog(settings, "projections", "verify")
+    if done.returncode != 0:
+        failures.append(f"projections verify: {done.stdout[-2000:]}")
+    return failures
 
 
 def _by_probe(payload: dict[str, Any]) -> bool:

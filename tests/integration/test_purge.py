@@ -84,25 +84,30 @@ def test_two_purges_of_one_session_at_once_purge_it_once(
         build_purger(runtime, reads).purge(sid, "b", "two")
 
 
-def test_rows_a_late_writer_adds_after_the_drop_go_when_the_purge_finishes(
+def test_a_late_writer_cannot_store_after_the_drop(
     runtime: Runtime, reads: ReadModels, database: Database, namespace: str
 ) -> None:
     sid = _with_sandbox(runtime)
     purger = build_purger(runtime, reads)
     recorder = runtime.sessions.recorder
+    refused: list[str] = []
 
     def late_write(step: str) -> None:
         if step == "dropped":
-            # A save that read the session before its close and stored after the drop.
-            from eventsourcing.persistence import StoredEvent
+            # A save that read the session before its close and stores after the drop:
+            # the version before it is gone, so the insert stores nothing.
+            from eventsourcing.persistence import IntegrityError, StoredEvent
 
             stored = StoredEvent(sid, 99, "turnlog.late#1", b'{"late": "sandboxed"}')
-            recorder.insert_events([stored])
+            with pytest.raises(IntegrityError, match="version 98 is missing") as refusal:
+                recorder.insert_events([stored])
+            refused.append(str(refusal.value))
 
     purger.pause = late_write
 
     purger.purge(sid, "erasure", "dpo")
 
+    assert refused
     assert traces(database, namespace, needles_of(sid, "sandboxed"), ["purges"]) == {}
 
 

@@ -23,6 +23,7 @@ PROJECTIONS_MAY_USE = {
     # the process's one reader of the log's tail, whose pages they fold
     "application.store.follower",
     "application.store.logorder",  # the log's order and commit horizon (how the log is read)
+    "application.store.epoch",  # the server's epoch: a page read before a restart is not folded
     "application.settings",
     "application.sessions",
 }

@@ -20,6 +20,8 @@ from turnlog.domain.request import (
     PLACEHOLDER_ABANDONED,
     PLACEHOLDER_UNKNOWN,
     Message,
+    messages_from_json,
+    messages_to_json,
     next_request,
 )
 from turnlog.domain.session import Session
@@ -186,3 +188,22 @@ def test_the_request_is_the_same_for_a_session_rebuilt_from_its_events() -> None
     assert rebuilt is not None
     assert next_request(rebuilt) == next_request(session)
     assert json.loads(next_request(rebuilt).messages[-1].content) == {"text": "hi"}
+
+
+def test_messages_come_back_equal_from_their_json_or_are_not_stored() -> None:
+    call = {"call_id": "c1", "name": "echo", "arguments": {"text": "é", "n": [1, 2.5, None]}}
+    messages = (
+        Message("user", "hello"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "error: boom", tool_call_id="c1", name="echo"),
+        Message("assistant", "done"),
+    )
+    text = messages_to_json(messages)
+    assert text is not None
+    assert messages_from_json(json.loads(text)) == messages
+    assert json.loads(text)[0] == ["user", "hello"]  # defaults left out
+
+    tupled = {"call_id": "c2", "name": "echo", "arguments": {"pair": (1, 2)}}
+    assert messages_to_json((Message("assistant", "", tool_calls=(tupled,)),)) is None
+    assert messages_to_json((Message("tool", "x", tool_calls=({"n": float("nan")},)),)) is None
+    assert messages_to_json((Message("user", "\ud800"),)) is None

@@ -91,7 +91,9 @@ async def submit_turn(
     unless `?multitask=enqueue`, when it is interrupted (`unresolved_turn`,
     listing the calls of unknown outcome; also with `enqueue`), or when the
     session is closed (`session_closed`). A repeated `Idempotency-Key`
-    returns the turn it created. `deadline_seconds` bounds the turn in time:
+    returns the turn it created, while the session remembers it (its last
+    `TURNLOG_IDEMPOTENCY_WINDOW` keyed turns and its open ones); an older key
+    is a new turn. `deadline_seconds` bounds the turn in time:
     past it, the runtime cancels it (reason `deadline`).
     """
     sessions = runtime.sessions

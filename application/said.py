@@ -1,0 +1,152 @@
+"""The earlier turns of a request, from what they said rather than from their events.
+
+``Sessions.request_for`` needs the messages of every finished turn after the
+latest context summary. Each finished turn's messages are rendered once,
+from its own events, and then kept: in this process's cache (by turn id) and
+in the namespace's ``said_turns`` table (``application.store.said_turns``), so
+that a process that has never seen the session reads them in one statement
+instead of replaying the turns. The request is the one ``Sessions.request_at``
+builds from the events (tests compare both builds).
+
+The table is read by a process that knows nothing of the session yet (or
+lacks more than a batch of its turns); otherwise only the turns it lacks are
+replayed: in a process that runs the session's turns, the one that just
+finished, from the events it saved. Rendered turns are written to the table
+in batches (``WRITE_EVERY``) and at once after a read of the table that found
+some missing, so a process that stops leaves at most a batch unwritten, which
+the next one replays and writes.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from itertools import pairwise
+from typing import Any, NamedTuple, Protocol
+
+from turnlog.application.store import said_turns, session_log
+from turnlog.domain.request import Message, messages_from_json, messages_to_json, said_messages
+from turnlog.domain.session import Session
+from turnlog.domain.turns import FinishedEntry
+
+log = logging.getLogger("turnlog.sessions")
+
+WRITE_EVERY = 16  # rendered turns a process keeps unwritten at most (while it reads nothing)
+
+
+class Said(NamedTuple):
+    """What one finished turn said, and where it sits in the request."""
+
+    first_version: int
+    ordinal: int  # among the turns that share its first version (a fork's inherited turns)
+    last_version: int
+    messages: tuple[Message, ...]
+    stored: bool  # in the table (or not storable there): nothing to write
+
+
+class Application(Protocol):
+    """What this module uses of ``Sessions``."""
+
+    recorder: Any
+    cache: Any
+
+    def replay_range(self, session_id: Any, first: int, last: int) -> Session: ...
+
+
+def said_before(app: Application, session: Session) -> tuple[Message, ...]:
+    """The messages of the finished turns the session's next request carries, in order."""
+    window = session.finished[session.compacted_turns :]
+    if not window:
+        return ()
+    known: dict[str, Said] = app.cache.take_said(session.id)
+    need = [e for e in window if not _fits(known.get(e.turn_id), e)]
+    # The table is read by a process that knows nothing of the session yet, or
+    # is missing more than a batch; else the few turns it lacks are replayed.
+    cold = not known or len(need) > WRITE_EVERY
+    read = bool(need) and cold and session_log.on_postgres(app.recorder)
+    if read:
+        with collector_paused():  # many small objects, none of them garbage
+            for t, first, ordinal, last, m in said_turns.read(
+                app.recorder, session.id, *_span(need)
+            ):
+                known[t] = Said(first, ordinal, last, messages_from_json(m), True)
+        need = [e for e in need if not _fits(known.get(e.turn_id), e)]
+    if need:
+        known.update(_rendered(app, session, need))
+    ids = {e.turn_id for e in window}
+    known = {k: v for k, v in known.items() if k in ids}  # summarised turns drop out
+    unwritten = [k for k, v in known.items() if not v.stored]
+    if unwritten and (read or len(unwritten) >= WRITE_EVERY):
+        _write(app, session, known, unwritten)
+    app.cache.put_said(session.id, known)
+    order = [e for e in window if e.turn_id in known]
+    if any(a.first_version >= b.first_version for a, b in pairwise(order)):
+        order.sort(key=lambda e: (e.first_version, known[e.turn_id].ordinal))
+    return tuple(m for e in order for m in known[e.turn_id].messages)
+
+
+def _rendered(
+    app: Application, session: Session, entries: Sequence[FinishedEntry]
+) -> dict[str, Said]:
+    """The turns of ``entries`` rebuilt from their own events and rendered."""
+    earlier = app.replay_range(session.id, *_span(entries))
+    places: dict[int, int] = {}
+    ordinals: dict[str, int] = {}
+    for t in earlier.turns:
+        ordinals[t.turn_id] = places.get(t.first_version, 0)
+        places[t.first_version] = ordinals[t.turn_id] + 1
+    by_id = {t.turn_id: t for t in earlier.turns}
+    out: dict[str, Said] = {}
+    for e in entries:
+        turn = by_id.get(e.turn_id)
+        if turn is not None:  # else not in its own range: it says nothing (as a replay)
+            said = said_messages(earlier, turn)
+            out[e.turn_id] = Said(e.first_version, ordinals[e.turn_id], e.last_version, said, False)
+    return out
+
+
+def _write(app: Application, session: Session, known: dict[str, Said], ids: list[str]) -> None:
+    rows = []
+    for turn_id in ids:
+        said = known[turn_id]
+        known[turn_id] = said._replace(stored=True)
+        text = messages_to_json(said.messages)
+        if text is not None:  # else replayed whenever a process first needs it
+            rows.append((turn_id, said.first_version, said.ordinal, said.last_version, text))
+    if not session_log.on_postgres(app.recorder):
+        return
+    try:
+        said_turns.write(app.recorder, session.id, session.version, rows)
+    except Exception:  # derived rows: the request stands without them
+        log.warning("could not store the said turns of session %s", session.id, exc_info=True)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No garbage collection while decoding: it would scan the process's every object often.
+
+    Building tens of thousands of messages triggers a collection every few
+    hundred allocations; in a process holding many objects, the full ones
+    among them cost more than the decoding itself.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _fits(said: Said | None, entry: FinishedEntry) -> bool:
+    return (
+        said is not None
+        and said.last_version == entry.last_version
+        and said.first_version == entry.first_version
+    )
+
+
+def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:
+    return min(e.first_version for e in entries), max(e.last_version for e in entries)
