@@ -26,6 +26,8 @@ from uuid import UUID
 from eventsourcing.utils import strtobool
 from psycopg import sql
 
+from turnlog.application.store import logorder
+
 TABLE = "said_turns"
 UNDEFINED_TABLE = "42P01"
 
@@ -35,7 +37,7 @@ SaidRow = list[Any]
 
 
 def table(schema: str) -> sql.Composed:
-    return sql.SQL("{}.{}").format(sql.Identifier(schema), sql.Identifier(TABLE))
+    return logorder.table(schema, TABLE)
 
 
 def create_statement(schema: str) -> sql.Composed:
