@@ -71,10 +71,10 @@ class Settings(BaseSettings):
     )
     durability: Literal["by_class", "every_step"] = Field(
         default="by_class",
-        description="Which saves wait for the disk: `by_class` lets a claim, a model reply"
-        " asking for tools and a read-only or idempotent call's outcome ride on the next"
-        " flush (a database crash may lose them: the step runs again; docs/durability.md);"
-        " `every_step` makes every save wait.",
+        description="Which saves wait for the disk: `by_class` lets a claim ride on the next"
+        " flush and holds a read-only or idempotent call's outcome for the turn's next save"
+        " (a crash may lose them: the step runs again; docs/durability.md); `every_step`"
+        " makes every save wait and saves every outcome alone.",
     )
     idempotency_window: int = Field(
         default=IDEMPOTENCY_WINDOW,

@@ -8,8 +8,10 @@ someone else owns the turn now, and the step stops without writing
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
+from uuid import UUID
 
 from turnlog.application.errors import ConcurrentModification, LeaseLost
 from turnlog.application.sessions import Sessions
@@ -39,13 +41,93 @@ class Unleased:
         return None
 
 
+class _Held(NamedTuple):
+    session: Session  # the object the steps were applied to, unsaved
+    events: list[Any]  # their events, pending on it
+    steps: list[Callable[[Session], Any]]  # to decide them again on a reloaded session
+
+
+class HeldSteps:
+    """Steps decided on a session object and left unsaved: its next save carries them.
+
+    Only a step whose loss costs nothing but repeated work is held (a safe
+    call's outcome, domain/durability.py): held, it is lost with the process,
+    as a save that rode is lost with the database, and the call runs again.
+    A save of the same object takes them; a save that loses a race decides
+    them again on the session as stored, before its own step.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_session: dict[UUID, _Held] = {}
+
+    def hold(self, session: Session, step: Callable[[Session], T]) -> T:
+        """Apply ``step`` to ``session`` without saving it; returns what it returned."""
+        before = len(session.pending_events)
+        result = step(session)
+        events = list(session.pending_events[before:])
+        with self._lock:
+            held = self._by_session.get(session.id)
+            if held is not None and held.session is session:
+                held.events.extend(events)
+                held.steps.append(step)
+            else:
+                self._by_session[session.id] = _Held(session, events, [step])
+        return result
+
+    def take(self, session: Session) -> Callable[[Session], None] | None:
+        """What decides the held steps of ``session`` again on a reloaded copy (None: none).
+
+        Steps held on another object, or already saved, no longer apply.
+        """
+        with self._lock:
+            held = self._by_session.pop(session.id, None)
+        if held is None or held.session is not session:
+            return None
+        pending = {id(e) for e in session.pending_events}
+        if not all(id(e) in pending for e in held.events):
+            return None
+
+        def again(reloaded: Session) -> None:
+            for step in held.steps:
+                step(reloaded)
+
+        return again
+
+    def drop(self, session_id: UUID) -> None:
+        with self._lock:
+            self._by_session.pop(session_id, None)
+
+
 class Fenced:
     """Saves the steps of a turn fenced by its claim (a base of the agent loop's Executor)."""
 
     sessions: Sessions
+    held: HeldSteps
 
     def _write(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
         return self._write_result(session, claim, decide)[1]
+
+    def _hold(self, session: Session, claim: int, decide: Callable[[Session], Any]) -> Session:
+        """Apply a step whose loss costs only repeated work; the next save carries it."""
+        try:
+            self.held.hold(session, decide)
+        except domain_errors.StaleClaim as exc:
+            raise LeaseLost(f"turn ownership lost (claim {claim}): {exc}") from None
+        except domain_errors.InvalidTransition as exc:
+            raise LeaseLost(f"turn changed under us (claim {claim}): {exc.detail}") from None
+        return session
+
+    def _save(self, session: Session, decide: Callable[[Session], T]) -> tuple[T, Session]:
+        """``Sessions.update`` from ``session``, with the steps held on it (``HeldSteps``)."""
+        again = self.held.take(session)
+
+        def decided(s: Session) -> tuple[T, Session]:
+            if again is not None and s is not session:  # reloaded after a lost race
+                again(s)
+            return decide(s), s
+
+        return self.sessions.update(session.id, decided, current=session)[0]
 
     def _write_result(
         self, session: Session, claim: int, decide: Callable[[Session], T]
@@ -55,7 +137,7 @@ class Fenced:
         A stale claim or a lost race means we no longer own the turn.
         """
         try:
-            return self.sessions.update(session.id, lambda s: (decide(s), s), current=session)[0]
+            return self._save(session, decide)
         except (domain_errors.StaleClaim, ConcurrentModification) as exc:
             raise LeaseLost(f"turn ownership lost (claim {claim}): {exc}") from None
         except domain_errors.InvalidTransition as exc:

@@ -1,9 +1,10 @@
-"""The agent loop: run one turn, step by step, each step durably recorded.
+"""The agent loop: run one turn, step by step, each step recorded before it is acted on.
 
-claim → request → ModelReplied → for each tool call: ToolCallStarted
-(committed) → run the tool → ToolCallSucceeded/Failed (committed) → next
-request … → TurnCompleted. Slow work (the model, a tool) never runs inside a
-database transaction: every save is its own short transaction.
+claim → request → ModelReplied (+ the first call's ToolCallStarted, one save)
+→ run the tool → ToolCallSucceeded/Failed → next request … → TurnCompleted.
+A side-effecting call's outcome is committed alone; a safe call's is held for
+the turn's next save (docs/durability.md). Slow work (the model, a tool)
+never runs inside a database transaction: every save is its own short one.
 
 The loop asks ``domain.progress.next_step`` what to do, so a turn resumed
 after a crash takes exactly the step an uninterrupted run would have taken.
@@ -22,8 +23,8 @@ from uuid import UUID
 
 from turnlog.application.errors import LeaseLost
 from turnlog.application.execution.cancel_watch import POLL_SECONDS, utc_now
-from turnlog.application.execution.fencing import LeaseCheck, Unleased
-from turnlog.application.execution.tool_step import ToolStep
+from turnlog.application.execution.fencing import HeldSteps, LeaseCheck, Unleased
+from turnlog.application.execution.tool_step import Started, ToolStep
 from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved, cancel_kind
 from turnlog.application.providers.port import ModelReply, ProviderError, ProviderRegistry
@@ -63,6 +64,8 @@ class Executor(ToolStep):
     # This process's identity, recorded in each intent so that recovery never
     # probes a call while the process that ran it may still be alive.
     owner: dict[str, Any] = field(default_factory=owner_identity)
+    # Safe outcomes applied but not saved yet: the turn's next save carries them.
+    held: HeldSteps = field(default_factory=HeldSteps)
 
     def run_turn(
         self,
@@ -112,6 +115,7 @@ class Executor(ToolStep):
                 return turn
         finally:
             lease.guard(None)
+            self.held.drop(session_id)
 
     def _still_ours(self, session_id: UUID, turn_id: str, claim: int) -> bool:
         """Whether the turn is still running under our claim (read from the record)."""
@@ -144,6 +148,9 @@ class Executor(ToolStep):
             turn = session.turn(turn_id)
             step = next_step(session, turn, self.max_steps, utc_now(), self._approval_rule(session))
             if step.action is Action.WAIT or (stop is not None and stop.is_set()):
+                if session.pending_events:  # held steps: saved before the turn is let go
+                    session = self._write(session, claim, lambda s: None)
+                    turn = session.turn(turn_id)
                 self._report_end(turn)
                 return turn
             held = session
@@ -189,7 +196,7 @@ class Executor(ToolStep):
                 s.finish_cancel(turn_id, now)
             return s
 
-        session = self.sessions.update(session.id, cancel, current=session)[0]
+        session = self._save(session, cancel)[1]
         for turn_id in expired:
             self.observer.turn_ended("cancelled")
             self.observer.turn_cancelled(cancel_kind(reasons[turn_id]))
@@ -222,7 +229,7 @@ class Executor(ToolStep):
     ) -> Session:
         tid = turn.turn_id
         if action is Action.CALL_MODEL:
-            return self._call_model(session, tid, claim)
+            return self._call_model(session, tid, claim, lease)
         if action in (Action.RUN_TOOL, Action.RERUN_TOOL):
             return self._run_tool(session, tid, claim, call_id, lease)
         if action is Action.COMPLETE:
@@ -242,7 +249,7 @@ class Executor(ToolStep):
             raise LeaseLost(f"turn {tid} has an unsafe call in flight from another owner")
         raise AssertionError(f"unhandled action {action}")
 
-    def _call_model(self, session: Session, turn_id: str, claim: int) -> Session:
+    def _call_model(self, session: Session, turn_id: str, claim: int, lease: LeaseCheck) -> Session:
         session = self._compact_context(session, turn_id, claim)
         if not session.turn_state(turn_id).is_open:
             return session  # summarising failed: the turn failed with the reason
@@ -264,8 +271,10 @@ class Executor(ToolStep):
         self.observer.tokens_used(session.provider, reply.usage)
         log.info("model replied in %.3fs with %d tool call(s)", seconds, len(reply.tool_calls))
         problem = self._reply_problem(session, reply)
+        begun: list[Started | None] = [None]
 
         def record(s: Session) -> None:
+            begun[0] = None  # decided again after a conflict
             try:
                 s.record_model_reply(turn_id, claim, reply.text, reply.tool_calls, reply.usage)
             except (domain_errors.DuplicateToolCall, domain_errors.InvalidInput) as exc:
@@ -275,8 +284,13 @@ class Executor(ToolStep):
                 s.fail_turn(turn_id, claim, problem)
             elif not reply.tool_calls:
                 s.complete_turn(turn_id, claim, reply.text)
+            else:  # the first call's intent goes in the same save, when it may start now
+                begun[0] = self._start_now(s, turn_id, claim)
 
-        return self._write(session, claim, record)
+        session = self._write(session, claim, record)
+        if begun[0] is None:
+            return session
+        return self._run_started(session, turn_id, claim, begun[0], lease)
 
     def _compact_context(self, session: Session, turn_id: str, claim: int) -> Session:
         """Record the context summary the next request needs first (docs/long-sessions.md).

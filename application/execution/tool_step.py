@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnlog.application.errors import LeaseLost
 from turnlog.application.execution.cancel_watch import CancelWatch, utc_now
@@ -36,17 +36,27 @@ from turnlog.application.tools.probes import prober_of
 from turnlog.application.tools.sandbox_files import SandboxPathError, ensure_sandbox
 from turnlog.application.tracing import Tracer
 from turnlog.domain import errors as domain_errors
+from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
-from turnlog.domain.turns import Effect, ToolProcess
+from turnlog.domain.turns import Effect, ToolCall, ToolProcess
 from turnlog.domain.values import check_storable, storable_text
 
 log = logging.getLogger("turnlog.execution")
+
+
+class Started(NamedTuple):
+    """A call whose intent a save just recorded: run it next (``ToolStep._start_now``)."""
+
+    call_id: str
+    attempt: int
+    effect: Effect
 
 
 class ToolStep(Fenced):
     """Runs one tool call of a turn (a base of the agent loop's Executor)."""
 
     tools: ToolRegistry
+    max_steps: int
     worker_id: str
     sandbox_root: Path
     observer: Observer
@@ -54,6 +64,9 @@ class ToolStep(Fenced):
     namespace: str
     cancel_poll: float
     owner: dict[str, Any]
+
+    def _approval_rule(self, session: Session) -> Callable[[ToolCall], bool]:
+        raise NotImplementedError  # the Executor's: which calls wait for an operator
 
     def _run_tool(
         self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
@@ -85,6 +98,60 @@ class ToolStep(Fenced):
         except domain_errors.CancelPending:
             log.info("tool call %s not started: its turn's cancel is on record", call_id)
             return self.sessions.get_session(session.id)
+        return self._perform_call(session, turn_id, claim, call_id, attempt, effect, lease)
+
+    def _start_now(self, session: Session, turn_id: str, claim: int) -> Started | None:
+        """Record the intent of the call the turn runs next, in the caller's save, if any.
+
+        Called by the model step after it recorded a reply that asks for tools:
+        when the next step is to run a call (no approval, no cancel, a tool of
+        this process), its intent rides in the same save as the reply, one
+        durable commit for both (domain/durability.py). None: nothing started,
+        and the loop decides the next step as usual.
+        """
+        step = next_step(
+            session, session.turn(turn_id), self.max_steps, utc_now(), self._approval_rule(session)
+        )
+        if step.action is not Action.RUN_TOOL:
+            return None
+        call = session.call(step.call_id)
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return None
+        effect = Effect(call.effect) if call.effect else tool.spec.effect
+        pre_state = self._pre_state(tool, session, call.call_id)
+        try:
+            attempt = session.start_tool_call(
+                turn_id, claim, call.call_id, self.worker_id, effect, pre_state, self.owner
+            )
+        except domain_errors.CancelPending:
+            return None
+        return Started(call.call_id, attempt, effect)
+
+    def _run_started(
+        self, session: Session, turn_id: str, claim: int, started: Started, lease: LeaseCheck
+    ) -> Session:
+        """Run a call whose intent the caller's save committed (``_start_now``)."""
+        with bound(call_id=started.call_id):
+            return self._perform_call(
+                session, turn_id, claim, started.call_id, started.attempt, started.effect, lease
+            )
+
+    def _perform_call(
+        self,
+        session: Session,
+        turn_id: str,
+        claim: int,
+        call_id: str,
+        attempt: int,
+        effect: Effect,
+        lease: LeaseCheck,
+    ) -> Session:
+        """Run a call whose intent is committed, and save its outcome."""
+        call = session.call(call_id)
+        tool = self.tools.get(call.name)
+        if tool is None:  # checked before the intent was recorded
+            raise AssertionError(f"tool {call.name!r} vanished after its intent")
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.
         lease.check()
@@ -127,18 +194,20 @@ class ToolStep(Fenced):
         if outcome == "unknown":
             return self._outcome_unknown(session, turn_id, claim, effect, str(value))
         if outcome == "succeeded":
-            return self._write(
-                session,
-                claim,
-                lambda s: s.record_tool_succeeded(turn_id, claim, call_id, attempt, value),
-            )
-        return self._write(
-            session,
-            claim,
-            lambda s: s.record_tool_failed(
-                turn_id, claim, call_id, attempt, self._public_error(str(value), context.sandbox)
-            ),
-        )
+
+            def record(s: Session) -> None:
+                s.record_tool_succeeded(turn_id, claim, call_id, attempt, value)
+
+        else:
+            error = self._public_error(str(value), context.sandbox)
+
+            def record(s: Session) -> None:
+                s.record_tool_failed(turn_id, claim, call_id, attempt, error)
+
+        if effect.safe_to_repeat and self.sessions.riding:
+            # Lost, the call runs again: the turn's next save carries it (domain/durability.py).
+            return self._hold(session, claim, record)
+        return self._write(session, claim, record)
 
     def _stopped(self, session: Session, turn_id: str, claim: int, effect: Effect) -> Session:
         """The call was stopped mid-run because its turn must stop (cancel or deadline).

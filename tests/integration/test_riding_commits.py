@@ -45,25 +45,31 @@ def saves_of_a_turn(runtime: Runtime, message: str) -> list[tuple[list[str], boo
     return seen
 
 
-def test_a_turn_with_a_read_only_call_lets_the_claim_the_request_and_the_result_ride(
+def test_a_turn_with_a_read_only_call_saves_four_times_and_lets_the_claim_ride(
     runtime: Runtime,
 ) -> None:
     saves = saves_of_a_turn(runtime, '/tool echo {"text": "hi"}')
     assert saves == [
         (["TurnSubmitted"], False),
         (["TurnClaimed"], True),
-        (["ModelReplied"], True),
-        (["ToolCallStarted"], False),
-        (["ToolCallSucceeded"], True),
-        (["ModelReplied", "TurnCompleted"], False),
+        # The reply asking for the tool and the call's intent: one durable save.
+        (["ModelReplied", "ToolCallStarted"], False),
+        # The read-only outcome is held and goes with the turn's next save.
+        (["ToolCallSucceeded", "ModelReplied", "TurnCompleted"], False),
     ]
 
 
-def test_a_side_effecting_outcome_waits_for_the_disk(runtime: Runtime) -> None:
+def test_a_side_effecting_outcome_is_saved_alone_and_waits_for_the_disk(
+    runtime: Runtime,
+) -> None:
     saves = saves_of_a_turn(runtime, '/tool append_file {"path": "a.txt", "text": "x"}')
-    outcomes = [rode for topics, rode in saves if topics[0].startswith("ToolCall")]
-    assert outcomes and not any(outcomes)
-    assert (["TurnClaimed"], True) in saves
+    assert saves == [
+        (["TurnSubmitted"], False),
+        (["TurnClaimed"], True),
+        (["ModelReplied", "ToolCallStarted"], False),
+        (["ToolCallSucceeded"], False),
+        (["ModelReplied", "TurnCompleted"], False),
+    ]
 
 
 def test_a_save_that_rode_is_chained_like_any_other(runtime: Runtime, settings: Settings) -> None:
@@ -161,4 +167,12 @@ def test_every_step_makes_every_save_wait_for_the_disk(settings: Settings) -> No
         saves = saves_of_a_turn(strict, '/tool echo {"text": "hi"}')
     finally:
         strict.close()
-    assert len(saves) == 6 and not any(rode for _, rode in saves)
+    # Nothing rides and nothing is held: the read-only outcome is saved alone.
+    assert [topics for topics, _ in saves] == [
+        ["TurnSubmitted"],
+        ["TurnClaimed"],
+        ["ModelReplied", "ToolCallStarted"],
+        ["ToolCallSucceeded"],
+        ["ModelReplied", "TurnCompleted"],
+    ]
+    assert not any(rode for _, rode in saves)
