@@ -23,6 +23,7 @@ import gc
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, NamedTuple, Protocol
 
@@ -55,12 +56,71 @@ class Application(Protocol):
     def replay_range(self, session_id: Any, first: int, last: int) -> Session: ...
 
 
+@dataclass
+class Kept:
+    """What a process keeps of a session's finished turns between two of its requests."""
+
+    said: dict[str, Said] = field(default_factory=dict)  # by turn id
+    # The last request's earlier messages: ``count`` turns of the window after
+    # ``compacted`` summarised ones. The next request of a session whose window
+    # only grew starts from them and adds what the new turns said.
+    compacted: int = -1
+    count: int = 0
+    messages: tuple[Message, ...] = ()
+    unwritten: list[str] = field(default_factory=list)  # said, not in the table yet
+
+
 def said_before(app: Application, session: Session) -> tuple[Message, ...]:
     """The messages of the finished turns the session's next request carries, in order."""
     window = session.finished[session.compacted_turns :]
     if not window:
         return ()
-    known: dict[str, Said] = app.cache.take_said(session.id)
+    kept: Kept = app.cache.take_said(session.id) or Kept()
+    messages = _extended(app, session, window, kept)
+    if messages is None:
+        messages = _assembled(app, session, window, kept)
+    kept.compacted, kept.count, kept.messages = session.compacted_turns, len(window), messages
+    app.cache.put_said(session.id, kept)
+    return messages
+
+
+def _extended(
+    app: Application, session: Session, window: Sequence[FinishedEntry], kept: Kept
+) -> tuple[Message, ...] | None:
+    """The last request's earlier messages and what the turns finished since said.
+
+    None when the last request's window is not the start of this one (a new
+    summary, another session's state), or the new turns are many or out of
+    order: ``_assembled`` builds the whole request then.
+    """
+    count = kept.count
+    if kept.compacted != session.compacted_turns or not 0 < count <= len(window):
+        return None
+    if not _fits(kept.said.get(window[count - 1].turn_id), window[count - 1]):
+        return None
+    new = window[count:]
+    if len(new) > WRITE_EVERY or any(
+        a.first_version >= b.first_version for a, b in pairwise(window[count - 1 :])
+    ):
+        return None
+    need = [e for e in new if not _fits(kept.said.get(e.turn_id), e)]
+    if need:
+        rendered = _rendered(app, session, need)
+        if len(rendered) < len(need):
+            return None  # a turn that says nothing: as the whole build has it
+        kept.said.update(rendered)
+        kept.unwritten += rendered
+        if len(kept.unwritten) >= WRITE_EVERY:
+            _write(app, session, kept.said, kept.unwritten)
+            kept.unwritten = []
+    return kept.messages + tuple(m for e in new for m in kept.said[e.turn_id].messages)
+
+
+def _assembled(
+    app: Application, session: Session, window: Sequence[FinishedEntry], kept: Kept
+) -> tuple[Message, ...]:
+    """The earlier messages of the request, every turn of the window looked at."""
+    known = kept.said
     need = [e for e in window if not _fits(known.get(e.turn_id), e)]
     # The table is read by a process that knows nothing of the session yet, or
     # is missing more than a batch; else the few turns it lacks are replayed.
@@ -80,7 +140,8 @@ def said_before(app: Application, session: Session) -> tuple[Message, ...]:
     unwritten = [k for k, v in known.items() if not v.stored]
     if unwritten and (read or len(unwritten) >= WRITE_EVERY):
         _write(app, session, known, unwritten)
-    app.cache.put_said(session.id, known)
+        unwritten = []
+    kept.said, kept.unwritten = known, unwritten
     order = [e for e in window if e.turn_id in known]
     if any(a.first_version >= b.first_version for a, b in pairwise(order)):
         order.sort(key=lambda e: (e.first_version, known[e.turn_id].ordinal))

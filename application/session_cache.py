@@ -32,7 +32,7 @@ class SessionCache:
         self._lock = threading.Lock()
         self._earlier: dict[UUID, tuple[int, int, Session]] = {}
         self._known: dict[UUID, list[Any]] = {}
-        self._said: dict[UUID, dict[str, Any]] = {}
+        self._said: dict[UUID, Any] = {}
 
     def clear(self) -> None:
         """Drop everything kept (the database restarted: it may hold commits it lost)."""
@@ -86,12 +86,12 @@ class SessionCache:
             while len(self._earlier) > EARLIER_CACHE_SIZE:
                 self._earlier.pop(next(iter(self._earlier)))
 
-    def take_said(self, session_id: UUID) -> dict[str, Any]:
-        """Take out what the finished turns of a session said, by turn id (empty: none kept)."""
+    def take_said(self, session_id: UUID) -> Any:
+        """Take out what the finished turns of a session said (``application.said``; None: none)."""
         with self._lock:
-            return self._said.pop(session_id, None) or {}
+            return self._said.pop(session_id, None)
 
-    def put_said(self, session_id: UUID, said: dict[str, Any]) -> None:
+    def put_said(self, session_id: UUID, said: Any) -> None:
         with self._lock:
             self._said[session_id] = said
             while len(self._said) > EARLIER_CACHE_SIZE:
