@@ -69,6 +69,7 @@ from psycopg.sql import SQL
 
 from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
+from turnlog.application.store.arrays import Blobs, Integers, Texts, Uuids
 from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store.database import rendered
 from turnlog.application.store.lost_commits import (
@@ -414,11 +415,11 @@ class TurnlogRecorder(PostgresApplicationRecorder):
             raise ApplicationError("this recorder does not record tracking positions")
         if not stored_events:
             return []
-        params = (
-            [e.originator_id for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
+        params = (  # typed lists: written as array literals at once (store.arrays)
+            Uuids([e.originator_id for e in stored_events]),
+            Integers([e.originator_version for e in stored_events]),
+            Texts([e.topic for e in stored_events]),
+            Blobs([e.state for e in stored_events]),
             kwargs.get(EPOCH),
             kwargs.get(EPOCH),
         )
