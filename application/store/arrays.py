@@ -18,7 +18,7 @@ import psycopg
 from psycopg.adapt import Dumper
 
 
-class Uuids(list[UUID]):
+class Uuids(list[UUID | str]):
     """Elements of a ``uuid[]`` parameter."""
 
 

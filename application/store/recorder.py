@@ -69,8 +69,8 @@ from psycopg.sql import SQL
 
 from turnlog.application.errors import ApplicationError, SchemaNotReady
 from turnlog.application.store import chain, logorder, topics
-from turnlog.application.store.arrays import Blobs, Integers, Texts, Uuids
 from turnlog.application.store import epoch as store_epoch
+from turnlog.application.store.arrays import Blobs, Integers, Texts, Uuids
 from turnlog.application.store.database import rendered
 from turnlog.application.store.lost_commits import (
     EPOCH,
