@@ -174,7 +174,8 @@ def figure_1(db: Database, cfg: Config) -> Figure:
             Row("1", "turns/s, 1 session", t, b, ratio, "≥ 0.8x", ratio >= 0.8),
             Row(
                 "1c",
-                "the eventsourcing library alone, same commit points (ceiling of figure 1)",
+                "the eventsourcing library alone at the baseline's 6 commits (the ceiling of a"
+                " runtime that saves every step alone)",
                 lib,
                 b,
                 ceiling,
@@ -185,19 +186,19 @@ def figure_1(db: Database, cfg: Config) -> Figure:
         ],
         how=(
             f"One process drives {turns} turns in one new session through the application API"
-            " (`sessions.submit_turn` + `executor.run_turn`, every step saved before the next;"
-            " 7 events in 6 commits per turn: submitted | claimed | model reply | tool started"
-            " | tool succeeded | model reply + completed), after one warm-up turn; the runtime"
+            " (`sessions.submit_turn` + `executor.run_turn`; 7 events in 4 saves per turn:"
+            " submitted | claimed (rides) | model reply + tool started | tool succeeded + model"
+            " reply + completed, docs/durability.md), after one warm-up turn; the runtime"
             " is built outside the timing. Baseline: raw psycopg on one connection, one INSERT"
-            " per event (rows of the same sizes), one transaction per durable step, same"
-            " commit points. Runs alternate turnlog/baseline. A turn's cost grows with the"
+            " per event (rows of the same sizes), one transaction per step, 6 commits per"
+            " turn, each waiting for the disk. Runs alternate turnlog/baseline. A turn's cost grows with the"
             f" session's length: turnlog's median rate over turns 1-{third} was"
             f" {fmt(first)} turns/s, over the last {third} turns {fmt(last)} turns/s."
             " Row 1c runs the same turn through the eventsourcing library alone, with no"
-            " turnlog code: a bare aggregate, one `Application.save` per durable step, the"
-            " same events and sizes, on the library's PostgreSQL recorder. What it reaches"
-            " against raw psycopg bounds what any runtime built on the library can reach at"
-            " these commit points; row 1d is turnlog against that."
+            " turnlog code: a bare aggregate, one `Application.save` per step of the"
+            " baseline, the same events and sizes, on the library's PostgreSQL recorder. What"
+            " it reaches against raw psycopg bounds any runtime built on the library that"
+            " saves every step alone; row 1d is turnlog against that."
         ),
         details={
             "turns_per_run": turns,
