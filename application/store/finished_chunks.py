@@ -143,14 +143,63 @@ def splice(
             continue
         obj, state = decoded
         mark = state.pop(MARK)
-        entries: list[Any] = []
-        for row in rows:
-            if row["last_n"] > mark["count"] or row["first_n"] != len(entries):
-                break
-            entries.extend(json.loads(bytes(row["entries"]).decode("utf8")))
-        if len(entries) != mark["count"] or digest(entries) != mark["digest"]:
-            out.append(None)
-            continue
-        state["finished"] = entries + state["finished"]
-        out.append(replace(snapshot, state=_encode(obj)))
+        whole = _joined(obj, state, mark, rows)
+        if whole is None:
+            whole = _decoded_and_joined(obj, state, mark, rows)
+        out.append(None if whole is None else replace(snapshot, state=whole))
     return out
+
+
+def _joined(
+    obj: dict[str, Any], state: dict[str, Any], mark: dict[str, Any], rows: list[Any]
+) -> bytes | None:
+    """The snapshot whole again, its chunks' bytes joined as they are stored (None: unsure).
+
+    A chunk holds ``_encode`` of its entries, so the array of all chunked
+    entries is their texts joined by commas, which the digest was taken of.
+    The snapshot's other fields are encoded again, with ``finished`` (and
+    ``state``) last: the decoder reads keys in any order. None, and the
+    entries are decoded and encoded again, when the bytes do not prove out.
+    """
+    parts: list[bytes] = []
+    count = 0
+    for row in rows:
+        if row["last_n"] > mark["count"] or row["first_n"] != count:
+            break
+        text = bytes(row["entries"])
+        if text[:1] != b"[" or text[-1:] != b"]" or len(text) < 3:
+            return None
+        parts.append(text[1:-1])
+        count = row["last_n"]
+    chunked = b"[" + b",".join(parts) + b"]"
+    if count != mark["count"] or hashlib.sha256(chunked).hexdigest() != mark["digest"]:
+        return None
+    tail = _encode(state["finished"])
+    finished = chunked if tail == b"[]" else chunked[:-1] + b"," + tail[1:]
+    head = _encode({k: v for k, v in obj.items() if k != "state"})[:-1]
+    body = _encode({k: v for k, v in state.items() if k != "finished"})[:-1]
+    return (
+        head
+        + (b"," if len(head) > 1 else b"")
+        + b'"state":'
+        + body
+        + (b"," if len(body) > 1 else b"")
+        + b'"finished":'
+        + finished
+        + b"}}"
+    )
+
+
+def _decoded_and_joined(
+    obj: dict[str, Any], state: dict[str, Any], mark: dict[str, Any], rows: list[Any]
+) -> bytes | None:
+    """The snapshot whole again, every chunk decoded (None: its chunks do not prove out)."""
+    entries: list[Any] = []
+    for row in rows:
+        if row["last_n"] > mark["count"] or row["first_n"] != len(entries):
+            break
+        entries.extend(json.loads(bytes(row["entries"]).decode("utf8")))
+    if len(entries) != mark["count"] or digest(entries) != mark["digest"]:
+        return None
+    state["finished"] = entries + state["finished"]
+    return _encode(obj)

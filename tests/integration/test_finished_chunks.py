@@ -131,3 +131,45 @@ def test_a_namespace_of_earlier_code_gets_the_chunks_table_only_from_an_owner(
     assert init.returncode == 0, init.stdout + init.stderr
     assert chunks(settings, sid) == []  # the table is back, empty
     assert fresh_load(settings, sid).__dict__ == replayed(settings, sid).__dict__
+
+
+def test_joining_the_stored_bytes_gives_what_decoding_every_chunk_gives(
+    long_session: tuple[Settings, UUID],
+) -> None:
+    settings, sid = long_session
+    rows = chunks(settings, sid)
+    snapshot = query(
+        settings,
+        "SELECT state FROM sessions_snapshots WHERE originator_id = %s"
+        " ORDER BY originator_version DESC LIMIT 1",
+        sid,
+    )[0]
+    results = []
+    for join in (finished_chunks._joined, finished_chunks._decoded_and_joined):
+        obj = json.loads(bytes(snapshot["state"]))
+        state = obj["state"]
+        mark = state.pop(finished_chunks.MARK)
+        whole = join(obj, state, mark, rows)
+        assert whole is not None
+        results.append(json.loads(whole))
+    assert results[0] == results[1]
+    assert len(results[0]["state"]["finished"]) == TURNS
+
+
+def test_a_chunk_spelled_otherwise_is_decoded_and_still_serves(
+    long_session: tuple[Settings, UUID], caplog: pytest.LogCaptureFixture
+) -> None:
+    settings, sid = long_session
+    first = chunks(settings, sid)[0]
+    spaced = json.dumps(json.loads(bytes(first["entries"]))).encode()  # same entries
+    assert spaced != bytes(first["entries"])
+    query(
+        settings,
+        "UPDATE sessions_finished_chunks SET entries = %s WHERE session_id = %s AND first_n = 0",
+        spaced,
+        sid,
+    )
+    with caplog.at_level(logging.WARNING, logger="turnlog.snapshots"):
+        loaded = fresh_load(settings, sid)
+    assert loaded.__dict__ == replayed(settings, sid).__dict__
+    assert not any("chunks of finished turns" in r.getMessage() for r in caplog.records)
