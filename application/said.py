@@ -145,7 +145,10 @@ def _assembled(
     order = [e for e in window if e.turn_id in known]
     if any(a.first_version >= b.first_version for a, b in pairwise(order)):
         order.sort(key=lambda e: (e.first_version, known[e.turn_id].ordinal))
-    return tuple(m for e in order for m in known[e.turn_id].messages)
+    messages: list[Message] = []
+    for e in order:
+        messages += known[e.turn_id].messages
+    return tuple(messages)
 
 
 def _rendered(

@@ -27,7 +27,7 @@ from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording
 from turnlog.application import saving, snapshotting
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
-from turnlog.application.said import said_before
+from turnlog.application.said import collector_paused, said_before
 from turnlog.application.session_cache import SessionCache
 from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store import purges, said_turns, session_log, version_ranges
@@ -142,7 +142,10 @@ class Sessions(Application[UUID]):
 
         epoch = self.epoch.current() if self.epoch else None  # before: a restart meanwhile tells
         try:
-            session: Any = self.repository.get(session_id, projector_func=project)
+            # A cold load decodes a snapshot holding every finished turn's entry: many
+            # small objects that all live on, which the collector need not scan meanwhile.
+            with collector_paused():
+                session: Any = self.repository.get(session_id, projector_func=project)
         except AggregateNotFoundError:
             raise self.missing(session_id) from None
         if not isinstance(session, Session):

@@ -11,7 +11,8 @@ import json
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from itertools import starmap
+from typing import Any, NamedTuple
 
 from turnlog.domain.session import Session
 from turnlog.domain.turns import RUNTIME_ACTOR, CallState, ToolCall, Turn, TurnState
@@ -21,9 +22,12 @@ PLACEHOLDER_ABANDONED = "outcome unknown: abandoned by operator"
 PLACEHOLDER_PROPOSED = "not run yet: waiting for an operator's approval"
 
 
-@dataclass(frozen=True, slots=True)  # slots: a long request holds tens of thousands
-class Message:
-    """One message of a model request (system, user, assistant or tool)."""
+class Message(NamedTuple):
+    """One message of a model request (system, user, assistant or tool).
+
+    A named tuple: a long request holds tens of thousands, and a resumed
+    process builds them all from stored JSON (twice as fast as a dataclass).
+    """
 
     role: str
     content: str
@@ -232,10 +236,11 @@ def messages_to_json(messages: Sequence[Message]) -> str | None:
 
 
 def messages_from_json(rows: list[list[Any]]) -> tuple[Message, ...]:
-    """Messages back from the decoded JSON of ``messages_to_json``."""
-    return tuple(
-        [Message(*r) if len(r) < 3 else Message(r[0], r[1], tuple(r[2]), *r[3:]) for r in rows]
-    )
+    """Messages back from the decoded JSON of ``messages_to_json`` (whose rows it reuses)."""
+    for row in rows:
+        if len(row) > 2:
+            row[2] = tuple(row[2])
+    return tuple(starmap(Message, rows))
 
 
 def _as_json(value: Any) -> str:
