@@ -24,6 +24,7 @@ from psycopg import sql
 
 from tests.benchmarks.bench_throughput import Config
 from tests.benchmarks.suite import Figure, Row, Stat, fmt, interleave, scratch_namespace
+from turnlog.application.said import collector_paused
 from turnlog.application.sessions import Sessions
 from turnlog.application.settings import Settings
 from turnlog.application.store import database, said_turns
@@ -161,8 +162,9 @@ class RawResume:
     session's latest snapshot row and the events after it, the chunks of
     finished-turn entries beside it, and the stored messages of its finished
     turns (one aggregated row, as ``said_turns.read`` asks); each JSON value
-    decoded with ``json.loads`` into plain lists and dicts. No objects are
-    built: this is the reading and decoding any resume from these tables pays.
+    decoded with ``json.loads`` into plain lists and dicts, with the garbage
+    collector paused as turnlog pauses it. No objects are built: this is the
+    reading and decoding any resume from these tables pays.
     """
 
     def __init__(self, db: Database, settings: Settings) -> None:
@@ -185,7 +187,7 @@ class RawResume:
         ).format(said_turns.table(schema))
 
     def __call__(self, session_id: UUID) -> float:
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn, collector_paused():
             started = time.perf_counter()
             row = conn.execute(self.snapshot, (session_id,)).fetchone()
             version = row[0] if row else 0
