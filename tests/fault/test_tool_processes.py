@@ -95,6 +95,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def runs_sleep(pgid: int) -> bool:
+    """Whether a process of the group runs `sleep` (the command, past any wrapper)."""
+    for pid in group_members(pgid):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if argv0.rsplit(b"/", 1)[-1] == b"sleep":
+            return True
+    return False
+
+
 def poll(condition: Any, what: str, deadline: float = 20.0) -> None:
     deadlines.poll(condition, deadline, what, every=0.02)
 
@@ -119,9 +131,12 @@ def kill_worker_mid_sleep(
             "the process record",
         )
         [process] = recorded_processes(rt, session_id)
-        # Past the gate: the command itself runs (the gate's argv is gone).
+        # Past the gate (its argv is gone), and the command itself runs: in the sandbox,
+        # bwrap sets --die-with-parent in its child before it starts the command, and a
+        # worker killed while bwrap sets up is another case (the record keeps the pid).
         cmdline = Path(f"/proc/{process.pid}/cmdline")
         poll(lambda: GATE_NAME.encode() not in cmdline.read_bytes(), "the command to start")
+        poll(lambda: runs_sleep(process.pid), "the sleep to run")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=scaled(10))
