@@ -78,7 +78,8 @@ def said_before(app: Application, session: Session) -> tuple[Message, ...]:
     kept: Kept = app.cache.take_said(session.id) or Kept()
     messages = _extended(app, session, window, kept)
     if messages is None:
-        messages = _assembled(app, session, window, kept)
+        with collector_paused():  # every turn's messages: many objects that live on
+            messages = _assembled(app, session, window, kept)
     kept.compacted, kept.count, kept.messages = session.compacted_turns, len(window), messages
     app.cache.put_said(session.id, kept)
     return messages
@@ -127,11 +128,8 @@ def _assembled(
     cold = not known or len(need) > WRITE_EVERY
     read = bool(need) and cold and session_log.on_postgres(app.recorder)
     if read:
-        with collector_paused():  # many small objects, none of them garbage
-            for t, first, ordinal, last, m in said_turns.read(
-                app.recorder, session.id, *_span(need)
-            ):
-                known[t] = Said(first, ordinal, last, messages_from_json(m), True)
+        for t, first, ordinal, last, m in said_turns.read(app.recorder, session.id, *_span(need)):
+            known[t] = Said(first, ordinal, last, messages_from_json(m), True)
         need = [e for e in need if not _fits(known.get(e.turn_id), e)]
     if need:
         known.update(_rendered(app, session, need))
