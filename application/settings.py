@@ -71,10 +71,9 @@ class Settings(BaseSettings):
     )
     durability: Literal["by_class", "every_step"] = Field(
         default="by_class",
-        description="Which saves wait for the disk: `by_class` lets a claim ride on the next"
-        " flush and holds a read-only or idempotent call's outcome for the turn's next save"
-        " (a crash may lose them: the step runs again; docs/durability.md); `every_step`"
-        " makes every save wait and saves every outcome alone.",
+        description="`by_class`: a claim rides on the next flush and a safe call's outcome"
+        " goes with the turn's next save (lost, the step runs again: docs/durability.md);"
+        " `every_step`: every save waits for the disk.",
     )
     idempotency_window: int = Field(
         default=IDEMPOTENCY_WINDOW,
