@@ -110,7 +110,7 @@ def _extended(
         if len(rendered) < len(need):
             return None  # a turn that says nothing: as the whole build has it
         kept.said.update(rendered)
-        kept.unwritten += rendered
+        kept.unwritten += list(rendered)
         if len(kept.unwritten) >= WRITE_EVERY:
             _write(app, session, kept.said, kept.unwritten)
             kept.unwritten = []

@@ -43,7 +43,6 @@ class Unleased:
 
 class _Held(NamedTuple):
     session: Session  # the object the steps were applied to, unsaved
-    events: list[Any]  # their events, pending on it
     steps: list[Callable[[Session], Any]]  # to decide them again on a reloaded session
 
 
@@ -63,29 +62,24 @@ class HeldSteps:
 
     def hold(self, session: Session, step: Callable[[Session], T]) -> T:
         """Apply ``step`` to ``session`` without saving it; returns what it returned."""
-        before = len(session.pending_events)
         result = step(session)
-        events = list(session.pending_events[before:])
         with self._lock:
             held = self._by_session.get(session.id)
             if held is not None and held.session is session:
-                held.events.extend(events)
                 held.steps.append(step)
             else:
-                self._by_session[session.id] = _Held(session, events, [step])
+                self._by_session[session.id] = _Held(session, [step])
         return result
 
     def take(self, session: Session) -> Callable[[Session], None] | None:
         """What decides the held steps of ``session`` again on a reloaded copy (None: none).
 
-        Steps held on another object, or already saved, no longer apply.
+        Steps held on another object, or on one saved since (nothing pending), no
+        longer apply.
         """
         with self._lock:
             held = self._by_session.pop(session.id, None)
-        if held is None or held.session is not session:
-            return None
-        pending = {id(e) for e in session.pending_events}
-        if not all(id(e) in pending for e in held.events):
+        if held is None or held.session is not session or not session.pending_events:
             return None
 
         def again(reloaded: Session) -> None:

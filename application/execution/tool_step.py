@@ -45,11 +45,12 @@ log = logging.getLogger("turnlog.execution")
 
 
 class Started(NamedTuple):
-    """A call whose intent a save just recorded: run it next (``ToolStep._start_now``)."""
+    """A call whose intent a save just recorded, and the tool that runs it next."""
 
     call_id: str
     attempt: int
     effect: Effect
+    tool: Any
 
 
 class ToolStep(Fenced):
@@ -77,81 +78,74 @@ class ToolStep(Fenced):
     def _run_call(
         self, session: Session, turn_id: str, claim: int, call_id: str, lease: LeaseCheck
     ) -> Session:
-        call = session.call(call_id)
-        tool = self.tools.get(call.name)
+        tool = self.tools.get(session.call(call_id).name)
         if tool is None:
-            reason = f"tool {call.name!r} is not available in this process"
+            reason = f"tool {session.call(call_id).name!r} is not available in this process"
             return self._write(session, claim, lambda s: s.fail_turn(turn_id, claim, reason))
-        effect = Effect(call.effect) if call.effect else tool.spec.effect
         # What a probe will need if we die mid-call goes into the intent itself.
         pre_state = self._pre_state(tool, session, call_id)
         try:
             # On a conflict the write decides again on the session as stored: a cancel
             # recorded meanwhile refuses the start (the next step then ends the turn).
-            attempt, session = self._write_result(
-                session,
-                claim,
-                lambda s: s.start_tool_call(
-                    turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
-                ),
+            started, session = self._write_result(
+                session, claim, lambda s: self._start(s, turn_id, claim, call_id, tool, pre_state)
             )
         except domain_errors.CancelPending:
             log.info("tool call %s not started: its turn's cancel is on record", call_id)
             return self.sessions.get_session(session.id)
-        return self._perform_call(session, turn_id, claim, call_id, attempt, effect, lease)
+        return self._perform_call(session, turn_id, claim, started, lease)
+
+    def _start(
+        self,
+        session: Session,
+        turn_id: str,
+        claim: int,
+        call_id: str,
+        tool: Any,
+        pre_state: dict[str, Any],
+    ) -> Started:
+        """Record the call's intent on ``session`` (the caller saves it)."""
+        call = session.call(call_id)
+        effect = Effect(call.effect) if call.effect else tool.spec.effect
+        attempt = session.start_tool_call(
+            turn_id, claim, call_id, self.worker_id, effect, pre_state, self.owner
+        )
+        return Started(call_id, attempt, effect, tool)
 
     def _start_now(self, session: Session, turn_id: str, claim: int) -> Started | None:
         """Record the intent of the call the turn runs next, in the caller's save, if any.
 
         Called by the model step after it recorded a reply that asks for tools:
         when the next step is to run a call (no approval, no cancel, a tool of
-        this process), its intent rides in the same save as the reply, one
-        durable commit for both (domain/durability.py). None: nothing started,
+        this process), its intent goes in the same save as the reply, one
+        durable commit for both (docs/durability.md). None: nothing started,
         and the loop decides the next step as usual.
         """
         step = next_step(
             session, session.turn(turn_id), self.max_steps, utc_now(), self._approval_rule(session)
         )
-        if step.action is not Action.RUN_TOOL:
+        tool = self.tools.get(session.call(step.call_id).name) if step.call_id else None
+        if step.action is not Action.RUN_TOOL or tool is None:
             return None
-        call = session.call(step.call_id)
-        tool = self.tools.get(call.name)
-        if tool is None:
-            return None
-        effect = Effect(call.effect) if call.effect else tool.spec.effect
-        pre_state = self._pre_state(tool, session, call.call_id)
+        pre_state = self._pre_state(tool, session, step.call_id)
         try:
-            attempt = session.start_tool_call(
-                turn_id, claim, call.call_id, self.worker_id, effect, pre_state, self.owner
-            )
+            return self._start(session, turn_id, claim, step.call_id, tool, pre_state)
         except domain_errors.CancelPending:
             return None
-        return Started(call.call_id, attempt, effect)
 
     def _run_started(
         self, session: Session, turn_id: str, claim: int, started: Started, lease: LeaseCheck
     ) -> Session:
         """Run a call whose intent the caller's save committed (``_start_now``)."""
         with bound(call_id=started.call_id):
-            return self._perform_call(
-                session, turn_id, claim, started.call_id, started.attempt, started.effect, lease
-            )
+            return self._perform_call(session, turn_id, claim, started, lease)
 
     def _perform_call(
-        self,
-        session: Session,
-        turn_id: str,
-        claim: int,
-        call_id: str,
-        attempt: int,
-        effect: Effect,
-        lease: LeaseCheck,
+        self, session: Session, turn_id: str, claim: int, started: Started, lease: LeaseCheck
     ) -> Session:
         """Run a call whose intent is committed, and save its outcome."""
+        call_id, attempt, effect, tool = started
         call = session.call(call_id)
-        tool = self.tools.get(call.name)
-        if tool is None:  # checked before the intent was recorded
-            raise AssertionError(f"tool {call.name!r} vanished after its intent")
         # The intent is committed. Check ownership once more right before the
         # side effect: a worker that lost its lease while paused must not act.
         lease.check()

@@ -162,20 +162,19 @@ def _joined(
     entries are decoded and encoded again, when the bytes do not prove out.
     """
     parts: list[bytes] = []
-    count = 0
-    for row in rows:
-        if row["last_n"] > mark["count"] or row["first_n"] != count:
-            break
+    for row in _leading(rows, mark["count"]):
         text = bytes(row["entries"])
         if text[:1] != b"[" or text[-1:] != b"]" or len(text) < 3:
             return None
         parts.append(text[1:-1])
-        count = row["last_n"]
     chunked = b"[" + b",".join(parts) + b"]"
-    if count != mark["count"] or hashlib.sha256(chunked).hexdigest() != mark["digest"]:
+    if hashlib.sha256(chunked).hexdigest() != mark["digest"]:
         return None
     tail = _encode(state["finished"])
-    finished = chunked if tail == b"[]" else chunked[:-1] + b"," + tail[1:]
+    if not parts or tail == b"[]":
+        finished = tail if not parts else chunked
+    else:
+        finished = chunked[:-1] + b"," + tail[1:]
     head = _encode({k: v for k, v in obj.items() if k != "state"})[:-1]
     body = _encode({k: v for k, v in state.items() if k != "finished"})[:-1]
     return (
@@ -195,11 +194,21 @@ def _decoded_and_joined(
 ) -> bytes | None:
     """The snapshot whole again, every chunk decoded (None: its chunks do not prove out)."""
     entries: list[Any] = []
-    for row in rows:
-        if row["last_n"] > mark["count"] or row["first_n"] != len(entries):
-            break
+    for row in _leading(rows, mark["count"]):
         entries.extend(json.loads(bytes(row["entries"]).decode("utf8")))
     if len(entries) != mark["count"] or digest(entries) != mark["digest"]:
         return None
     state["finished"] = entries + state["finished"]
     return _encode(obj)
+
+
+def _leading(rows: list[Any], count: int) -> list[Any]:
+    """The chunk rows holding entries 0..count contiguously (empty: they do not)."""
+    taken: list[Any] = []
+    through = 0
+    for row in rows:
+        if row["last_n"] > count or row["first_n"] != through:
+            break
+        taken.append(row)
+        through = row["last_n"]
+    return taken if through == count else []
