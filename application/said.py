@@ -24,11 +24,12 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import pairwise
+from itertools import chain
+from operator import lt
 from typing import Any, NamedTuple, Protocol
 
 from turnlog.application.store import said_turns, session_log
-from turnlog.domain.request import Message, messages_from_json, messages_to_json, said_messages
+from turnlog.domain.request import Message, messages_to_json, said_messages, turns_from_json
 from turnlog.domain.session import Session
 from turnlog.domain.turns import FinishedEntry
 
@@ -100,11 +101,9 @@ def _extended(
     if not _fits(kept.said.get(window[count - 1].turn_id), window[count - 1]):
         return None
     new = window[count:]
-    if len(new) > WRITE_EVERY or any(
-        a.first_version >= b.first_version for a, b in pairwise(window[count - 1 :])
-    ):
+    if len(new) > WRITE_EVERY or not _in_order(window[count - 1 :]):
         return None
-    need = [e for e in new if not _fits(kept.said.get(e.turn_id), e)]
+    need = _unfit(kept.said, new)
     if need:
         rendered = _rendered(app, session, need)
         if len(rendered) < len(need):
@@ -122,31 +121,34 @@ def _assembled(
 ) -> tuple[Message, ...]:
     """The earlier messages of the request, every turn of the window looked at."""
     known = kept.said
-    need = [e for e in window if not _fits(known.get(e.turn_id), e)]
+    need = _unfit(known, window)
     # The table is read by a process that knows nothing of the session yet, or
     # is missing more than a batch; else the few turns it lacks are replayed.
     cold = not known or len(need) > WRITE_EVERY
     read = bool(need) and cold and session_log.on_postgres(app.recorder)
     if read:
-        for t, first, ordinal, last, m in said_turns.read(app.recorder, session.id, *_span(need)):
-            known[t] = Said(first, ordinal, last, messages_from_json(m), True)
-        need = [e for e in need if not _fits(known.get(e.turn_id), e)]
+        known.update(_stored(said_turns.read(app.recorder, session.id, *_span(need))))
+        need = _unfit(known, need)
     if need:
         known.update(_rendered(app, session, need))
     ids = {e.turn_id for e in window}
-    known = {k: v for k, v in known.items() if k in ids}  # summarised turns drop out
+    if known.keys() != ids:
+        known = {k: v for k, v in known.items() if k in ids}  # summarised turns drop out
     unwritten = [k for k, v in known.items() if not v.stored]
     if unwritten and (read or len(unwritten) >= WRITE_EVERY):
         _write(app, session, known, unwritten)
         unwritten = []
     kept.said, kept.unwritten = known, unwritten
-    order = [e for e in window if e.turn_id in known]
-    if any(a.first_version >= b.first_version for a, b in pairwise(order)):
-        order.sort(key=lambda e: (e.first_version, known[e.turn_id].ordinal))
-    messages: list[Message] = []
-    for e in order:
-        messages += known[e.turn_id].messages
-    return tuple(messages)
+    order = [e for e in window if e.turn_id in known] if len(known) < len(window) else window
+    if not _in_order(order):
+        order = sorted(order, key=lambda e: (e.first_version, known[e.turn_id].ordinal))
+    return tuple(chain.from_iterable([known[e.turn_id].messages for e in order]))
+
+
+def _stored(rows: list[said_turns.SaidRow]) -> dict[str, Said]:
+    """The turns read from the table, by turn id."""
+    said = turns_from_json([row[4] for row in rows])
+    return {r[0]: Said(r[1], r[2], r[3], m, True) for r, m in zip(rows, said, strict=True)}
 
 
 def _rendered(
@@ -215,6 +217,19 @@ def _fits(said: Said | None, entry: FinishedEntry) -> bool:
         and said.last_version == entry.last_version
         and said.first_version == entry.first_version
     )
+
+
+def _unfit(known: dict[str, Said], entries: Sequence[FinishedEntry]) -> list[FinishedEntry]:
+    """The entries whose turns ``known`` holds no fitting messages of."""
+    if not known:
+        return list(entries)
+    return [e for e in entries if not _fits(known.get(e.turn_id), e)]
+
+
+def _in_order(entries: Sequence[FinishedEntry]) -> bool:
+    """Whether the entries' first versions strictly increase (each turn its own range)."""
+    firsts = [e.first_version for e in entries]
+    return all(map(lt, firsts, firsts[1:]))
 
 
 def _span(entries: Sequence[FinishedEntry]) -> tuple[int, int]:

@@ -11,7 +11,8 @@ import json
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import starmap
+from functools import partial
+from itertools import chain
 from typing import Any, NamedTuple
 
 from turnlog.domain.session import Session
@@ -237,10 +238,34 @@ def messages_to_json(messages: Sequence[Message]) -> str | None:
 
 def messages_from_json(rows: list[list[Any]]) -> tuple[Message, ...]:
     """Messages back from the decoded JSON of ``messages_to_json`` (whose rows it reuses)."""
+    return tuple(map(_message, _completed(rows)))
+
+
+def turns_from_json(turns: list[list[list[Any]]]) -> list[tuple[Message, ...]]:
+    """``messages_from_json`` of each turn's rows, all built in one pass."""
+    built = messages_from_json(list(chain.from_iterable(turns)))
+    out: list[tuple[Message, ...]] = []
+    start = 0
+    for count in map(len, turns):
+        out.append(built[start : start + count])
+        start += count
+    return out
+
+
+# Built from a whole row of fields, as ``Message._make`` does, without a call per message.
+_message = partial(tuple.__new__, Message)
+# What a stored row of n fields lacks (its trailing defaults are left out): none has fewer than 2.
+_MISSING: tuple[Any, ...] = (None, None, ((), "", ""), ("", ""), ("",), ())
+
+
+def _completed(rows: list[list[Any]]) -> list[list[Any]]:
+    """The rows with their tool calls as tuples and all five fields (rows reused)."""
     for row in rows:
-        if len(row) > 2:
+        count = len(row)
+        if count > 2:
             row[2] = tuple(row[2])
-    return tuple(starmap(Message, rows))
+        row += _MISSING[count]  # a row of 0, 1 or more than 5 fields is refused here
+    return rows
 
 
 def _as_json(value: Any) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from tests.unit.histories import (
     OPERATOR,
     WORKER,
@@ -23,6 +25,7 @@ from turnlog.domain.request import (
     messages_from_json,
     messages_to_json,
     next_request,
+    turns_from_json,
 )
 from turnlog.domain.session import Session
 from turnlog.domain.turns import Effect
@@ -207,3 +210,24 @@ def test_messages_come_back_equal_from_their_json_or_are_not_stored() -> None:
     assert messages_to_json((Message("assistant", "", tool_calls=(tupled,)),)) is None
     assert messages_to_json((Message("tool", "x", tool_calls=({"n": float("nan")},)),)) is None
     assert messages_to_json((Message("user", "\ud800"),)) is None
+
+
+def test_turns_come_back_from_their_json_each_as_alone() -> None:
+    call = {"call_id": "c1", "name": "echo", "arguments": {"text": "hi"}}
+    turns = [
+        (Message("user", "hello"), Message("assistant", "", tool_calls=(call,))),
+        (),
+        (Message("tool", "hi", tool_call_id="c1", name="echo"), Message("assistant", "done")),
+        (Message("tool", "x", tool_call_id="c2"),),
+    ]
+    texts = [messages_to_json(t) for t in turns]
+    assert None not in texts
+    built = turns_from_json([json.loads(t or "") for t in texts])
+    assert built == [messages_from_json(json.loads(t or "")) for t in texts] == turns
+    assert all(type(m) is Message for t in built for m in t)
+
+
+def test_a_stored_message_of_too_few_or_too_many_fields_is_refused() -> None:
+    for row in (["user"], ["tool", "x", [], "c1", "echo", "extra"]):
+        with pytest.raises((TypeError, IndexError)):
+            messages_from_json([row])
