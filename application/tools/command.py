@@ -67,7 +67,7 @@ from turnlog.application.tools.probes import (
     parse_answer,
     unknown,
 )
-from turnlog.application.tools.processes import run_command
+from turnlog.application.tools.processes import run_contained
 from turnlog.application.tools.sandbox_files import SandboxPathError, descriptor_path, sandbox_dir
 from turnlog.domain.turns import Effect, ToolProcess
 
@@ -125,17 +125,16 @@ class CommandTool:
             # The working directory is the sandbox opened without following a
             # link, so a sandbox swapped for a link is refused, not entered.
             with sandbox_dir(context.sandbox) as fd:
-                spawn = self.containment.wrap(
-                    argv, sandbox=context.sandbox, env=command_env(context), grant=self.grant
-                )
-                result = run_command(
-                    spawn.argv,
+                result = run_contained(
+                    self.containment,
+                    argv,
+                    sandbox=context.sandbox,
+                    grant=self.grant,
+                    env=command_env(context),
                     cwd=descriptor_path(fd, context.sandbox),
-                    env=spawn.env,
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=context.report_process,
-                    die_with_parent=self.containment.enabled,
                 )
         except SandboxPathError as exc:
             raise ToolError(f"{self.spec.name}: the sandbox cannot be entered: {exc}") from None
@@ -180,17 +179,16 @@ class CommandProber:
         }
         try:
             with sandbox_dir(context.sandbox) as fd:
-                spawn = self.containment.wrap(
-                    argv, sandbox=context.sandbox, env=env, grant=self.grant
-                )
-                result = run_command(
-                    spawn.argv,
+                result = run_contained(
+                    self.containment,
+                    argv,
+                    sandbox=context.sandbox,
+                    grant=self.grant,
+                    env=env,
                     cwd=descriptor_path(fd, context.sandbox),
-                    env=spawn.env,
                     timeout=self.timeout,
                     output_limit=self.output_limit,
                     report=_unrecorded,  # a probe changes nothing: its process is not recorded
-                    die_with_parent=self.containment.enabled,
                 )
         except SandboxPathError as exc:
             return unknown(f"the sandbox cannot be entered: {exc}")

@@ -26,7 +26,13 @@ What a wrapped process gets (docs/containment.md says why each):
 - limits (``prlimit``, applied inside, after the namespaces exist): CPU
   seconds, address space, processes, file size, open files;
 - no new privileges (bwrap sets PR_SET_NO_NEW_PRIVS) and death with its
-  parent (``--die-with-parent``; the pid namespace dies with its first process).
+  parent (``--die-with-parent``; the pid namespace dies with its first process);
+- a *lifeline* (``lifeline=FD``): the read end of a pipe whose write end only
+  the spawning process holds. bwrap sets ``--die-with-parent`` in its child
+  after cloning it; a parent killed in between leaves that child running with
+  no parent to die with. The check that ends the wrapped argv, the last step
+  before the command itself, refuses to run it (exit 125) when the pipe reads
+  end-of-file: the spawner is gone, so nothing is left to record or stop it.
 
 ``TURNLOG_SANDBOX=off`` (``Containment(enabled=False)``) runs commands as
 they are, and says so everywhere; it is never the default.
@@ -143,11 +149,14 @@ class Containment:
         env: Mapping[str, str],
         grant: Grant | None = None,
         read_only: Sequence[Path] = (),
+        lifeline: int | None = None,
     ) -> Spawn:
         """The argv and environment that run ``argv`` inside the session's sandbox.
 
         ``sandbox`` is the session's directory (it must exist); ``read_only``
         are further host paths the process may read (bound at the same path).
+        ``lifeline``: the descriptor the process will have open on the read end
+        of a pipe the spawner keeps open while it lives (see the module's text).
         As root, the sandbox directory is handed to the session's uid here.
         """
         if not self.enabled:
@@ -159,7 +168,8 @@ class Containment:
             mounts.read_only(Path(os.path.abspath(path)))
         args = [self.bwrap, *mounts.args(), *_namespaces(grant.network)]
         args += ["--die-with-parent", "--chdir", str(sandbox), "--"]
-        inner = [_program("prlimit"), *grant.limits.prlimit_args(), "--", *argv]
+        checked = [] if lifeline is None else _lifeline_check(lifeline)
+        inner = [_program("prlimit"), *grant.limits.prlimit_args(), "--", *checked, *argv]
         if os.geteuid() == 0:
             uid = self.session_uid(sandbox.name)
             _hand_over(sandbox, uid)
@@ -188,6 +198,18 @@ class Containment:
 def _program(name: str) -> str:
     """The absolute path of a helper (found where the sandbox binds /usr), or its bare name."""
     return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or name
+
+
+def _lifeline_check(fd: int) -> list[str]:
+    """Run the rest unless ``fd`` reads end-of-file now; it is closed for the command.
+
+    ``read -t 0`` succeeds when input is there without reading it, end-of-file
+    included; the spawner never writes to the pipe, so success means it is gone.
+    """
+    if not 2 < fd < 1024:
+        raise ValueError(f"a lifeline is a descriptor above 2, not {fd!r}")
+    script = f'read -t 0 -u {fd} && exit 125; exec {fd}<&- "$@"'
+    return [_program("bash"), "--posix", "-c", script, "turnlog-lifeline"]  # no BASH_ENV
 
 
 def _namespaces(network: bool) -> list[str]:
@@ -327,13 +349,14 @@ def check_host(containment: Containment = Containment()) -> HostCheck:
 
 @functools.cache
 def _check_host(containment: Containment) -> HostCheck:
-    missing = [p for p in (containment.bwrap, "prlimit", "setpriv") if shutil.which(p) is None]
+    helpers = (containment.bwrap, "prlimit", "setpriv", "bash")
+    missing = [p for p in helpers if shutil.which(p) is None]
     if os.geteuid() != 0 and "setpriv" in missing:
         missing.remove("setpriv")
     if missing:
         return HostCheck(
             False,
-            f"{', '.join(missing)} not found: install bubblewrap and util-linux"
+            f"{', '.join(missing)} not found: install bubblewrap, util-linux and bash"
             " (Debian: apt-get install bubblewrap)",
             "",
         )
@@ -341,18 +364,28 @@ def _check_host(containment: Containment) -> HostCheck:
         sandbox = Path(top) / "sandboxes" / "check" / "trial"
         sandbox.mkdir(parents=True)
         (sandbox.parent / "other").mkdir()
+        lifeline, held = os.pipe()
         spawn = containment.wrap(
             ["/bin/sh", "-c", _TRIAL],
             sandbox=sandbox,
             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             grant=Grant(Limits(cpu_seconds=5, processes=64)),
+            lifeline=lifeline,
         )
         try:
             done = subprocess.run(
-                spawn.argv, env=spawn.env, capture_output=True, timeout=20, check=False
+                spawn.argv,
+                env=spawn.env,
+                capture_output=True,
+                timeout=20,
+                check=False,
+                pass_fds=(lifeline,),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return HostCheck(False, f"the sandbox did not start: {exc}", "")
+        finally:
+            os.close(lifeline)
+            os.close(held)
     stderr = done.stderr.decode(errors="replace").strip()
     if done.returncode != 0:
         why = stderr.splitlines()[-1] if stderr else f"exit code {done.returncode}"

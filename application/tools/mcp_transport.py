@@ -4,7 +4,8 @@
 and process group of its own (its group can be killed at once), set to die
 with the thread that spawned it (PR_SET_PDEATHSIG, checked against a parent
 that died first), with the SDK's minimal environment and the file's ``env``,
-inside the sandbox (``server_spawn``, application/tools/containment.py). ``connected`` pumps
+inside the sandbox (``server_spawn``, application/tools/containment.py) with
+a lifeline held until the server has ended. ``connected`` pumps
 JSON-RPC lines between the server's pipes and the SDK's ``ClientSession``
 (the SDK's own stdio client cannot take such a spawn), keeps the end of the
 server's stderr for error messages, and ends the server on exit: stdin
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import json
 import logging
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turnlog.application.tools.containment import Containment, Grant, check_host
+from turnlog.application.tools.processes import die_with
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -40,7 +41,6 @@ DEFAULT_TIMEOUT = 30.0  # a call's, unless the tools file says
 END_TIMEOUT = 2.0  # after its stdin is closed, before its group is killed
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024  # one JSON-RPC line from a server
 STDERR_TAIL = 4000  # characters of a server's stderr kept for error messages
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -83,57 +83,51 @@ def describe(exc: BaseException) -> str:
 # ------------------------------------------------------------------ spawning
 
 
-def _libc_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+@dataclass(frozen=True)
+class ServerSpawn:
+    """What starts a stdio server; ``lifeline`` the descriptor it must be given, if any."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    lifeline: int | None = None
 
 
-_PRCTL = _libc_prctl()  # resolved here: the child after fork must not load libraries
-
-
-def _die_with_parent(parent: int) -> Callable[[], None]:
-    """A preexec function: SIGKILL this child when the thread that spawned it ends."""
-
-    def preexec() -> None:
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the line above
-            os._exit(125)
-
-    return preexec
-
-
-def server_spawn(server: McpServer) -> tuple[list[str], dict[str, str], str | None]:
+def server_spawn(server: McpServer, lifeline: int) -> ServerSpawn:
     """The argv, environment and working directory that start a stdio server.
 
     In the sandbox (``containment``) when it is on and the host can make one:
     its own ``home`` the only writable directory, its command (the program,
     its install prefix) and ``cwd`` visible read-only, no network unless its
-    ``sandbox`` table grants it, the tools file's limits. A host that cannot
-    sandbox runs it as it is (with a warning; only its tools that change
-    nothing are offered, ``mcp_servers._confined``).
+    ``sandbox`` table grants it, the tools file's limits, and ``lifeline`` (a
+    pipe's read end, see ``Containment.wrap``). A host that cannot sandbox
+    runs it as it is (with a warning; only its tools that change nothing are
+    offered, ``mcp_servers._confined``).
     """
     argv, env = list(server.command), server_environment(server)
     if not server.containment.enabled or not server.home:
-        return argv, env, server.cwd
+        return ServerSpawn(argv, env, server.cwd)
     host = check_host(server.containment)
     if not host.ok:
         log.warning("%s runs unconfined: no sandbox on this host (%s)", server, host.reason)
-        return argv, env, server.cwd
+        return ServerSpawn(argv, env, server.cwd)
     if shutil.which(argv[0], path=env.get("PATH")) is None:  # said here, not by prlimit inside
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
     home = Path(server.home)
     home.mkdir(parents=True, exist_ok=True)
     spawn = server.containment.wrap(
-        argv, sandbox=home, env=env, grant=server.grant, read_only=_visible(server, env)
+        argv,
+        sandbox=home,
+        env=env,
+        grant=server.grant,
+        read_only=_visible(server, env),
+        lifeline=lifeline,
     )
     wrapped = list(spawn.argv)
     if server.cwd:  # bwrap enters its cwd (read-only) rather than its home
         at = wrapped.index("--chdir") + 1
         wrapped[at] = os.path.realpath(server.cwd)
-    return wrapped, spawn.env, str(home)
+    return ServerSpawn(wrapped, spawn.env, str(home), lifeline)
 
 
 def _visible(server: McpServer, env: dict[str, str]) -> list[Path]:
@@ -163,24 +157,35 @@ def server_environment(server: McpServer) -> dict[str, str]:
     return {**get_default_environment(), **server.env}
 
 
-async def spawn_stdio(server: McpServer) -> asyncio.subprocess.Process:
+async def spawn_stdio(server: McpServer) -> tuple[asyncio.subprocess.Process, int]:
     """Start a stdio server: the one function that does (pipes on stdin, stdout, stderr).
 
     Its own session and process group (so its group can be killed at once), and
     death with the spawning thread: the loop's, which lives as long as the process.
+    Returns the process and the write end of its lifeline, to be closed once it
+    has ended.
     """
-    argv, env, cwd = server_spawn(server)
-    return await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-        preexec_fn=_die_with_parent(os.getpid()),
-        limit=MAX_MESSAGE_BYTES,
-    )
+    lifeline, held = os.pipe()
+    try:
+        spawn = server_spawn(server, lifeline)
+        process = await asyncio.create_subprocess_exec(
+            *spawn.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=spawn.env,
+            cwd=spawn.cwd,
+            start_new_session=True,
+            preexec_fn=die_with(os.getpid()),
+            pass_fds=() if spawn.lifeline is None else (lifeline,),
+            limit=MAX_MESSAGE_BYTES,
+        )
+    except BaseException:
+        os.close(held)
+        raise
+    finally:
+        os.close(lifeline)
+    return process, held
 
 
 # ------------------------------------------------------------------ the transport
@@ -277,7 +282,7 @@ async def connected(
             await session.initialize()
             yield session, None
         return
-    process = await spawn_stdio(server)
+    process, lifeline = await spawn_stdio(server)
     assert process.stdin and process.stdout and process.stderr
     read_in, read_out = anyio.create_memory_object_stream[Any](0)
     write_in, write_out = anyio.create_memory_object_stream[Any](0)
@@ -293,4 +298,7 @@ async def connected(
             finally:
                 pumps.cancel_scope.cancel()
     finally:
-        await _end(process)
+        try:
+            await _end(process)
+        finally:
+            os.close(lifeline)

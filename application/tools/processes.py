@@ -8,6 +8,11 @@ and only then opens the *gate* that lets the command run. If the worker dies
 before the record is committed, the gate reads end-of-file and the command
 never runs: no process does work without being on record.
 
+In the sandbox, the gate's pipe goes on as the command's *lifeline* (descriptor
+3): the worker keeps its write end open until the command has ended, and the
+sandbox's last step refuses to run the command when it reads end-of-file
+(application/tools/containment.py says why bwrap needs it).
+
 A pid alone is not an identity, since pids are reused. A recorded process is
 "the same" only when the pid, its kernel start time (field 22 of
 /proc/<pid>/stat), the host and the boot id all match. Linux only (/proc).
@@ -30,11 +35,15 @@ from functools import cache
 from pathlib import Path
 from typing import IO, Any, cast
 
+from turnlog.application.tools.containment import Containment, Grant
 from turnlog.domain.turns import ToolProcess
 
 # The gate: wait for "go" on stdin, then become the command (same pid, same
 # start time). EOF — the worker died before recording — exits without running it.
 GATE = 'IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null; exit 125'
+# The same, handing the gate's pipe on to the command as its lifeline.
+LIFELINE_FD = 3
+GATE_AND_LIFELINE = GATE.replace("</dev/null", f"{LIFELINE_FD}<&0 </dev/null")
 GATE_NAME = "turnlog-gate"
 
 
@@ -144,13 +153,13 @@ def run_command(
     timeout: float,
     output_limit: int,
     report: Callable[[ToolProcess], None],
-    die_with_parent: bool = False,
+    sandboxed: bool = False,
 ) -> CommandResult:
     """Run ``argv`` (no shell involved) in its own process group, reporting it before it runs.
 
-    ``die_with_parent``: SIGKILL the process when this process's spawning thread
-    ends, set before the gate opens (the sandbox's own ``--die-with-parent``
-    is set only once bwrap runs: a worker killed in between left it living).
+    ``sandboxed`` (``argv`` is ``Containment.wrap``'s, with ``lifeline=LIFELINE_FD``):
+    SIGKILL the process when this process's spawning thread ends, set before the
+    gate opens, and give it the gate's pipe as its lifeline.
 
     If ``report`` raises, the command never runs and the exception propagates.
     Whatever the command leaves behind in its process group is killed when it
@@ -162,14 +171,14 @@ def run_command(
         gate_read, gate_write = os.pipe()
         try:
             proc = subprocess.Popen(
-                ["/bin/sh", "-c", GATE, GATE_NAME, *argv],
+                ["/bin/sh", "-c", GATE_AND_LIFELINE if sandboxed else GATE, GATE_NAME, *argv],
                 stdin=gate_read,
                 stdout=out,
                 stderr=err,
                 cwd=cwd,
                 env=dict(env),
                 start_new_session=True,
-                preexec_fn=die_with(os.getpid()) if die_with_parent else None,
+                preexec_fn=die_with(os.getpid()) if sandboxed else None,
             )
         except BaseException:
             os.close(gate_write)
@@ -184,6 +193,37 @@ def run_command(
             truncated=_size(out) > output_limit or _size(err) > output_limit,
             timed_out=timed_out,
         )
+
+
+def run_contained(
+    containment: Containment,
+    argv: Sequence[str],
+    *,
+    sandbox: Path,
+    grant: Grant,
+    env: Mapping[str, str],
+    timeout: float,
+    output_limit: int,
+    report: Callable[[ToolProcess], None],
+    read_only: Sequence[Path] = (),
+    cwd: Path | None = None,
+) -> CommandResult:
+    """``run_command`` of ``argv`` in ``sandbox`` as ``containment`` says, with its lifeline.
+
+    ``cwd`` defaults to the sandbox (a caller may name it by an open descriptor).
+    """
+    spawn = containment.wrap(
+        argv, sandbox=sandbox, env=env, grant=grant, read_only=read_only, lifeline=LIFELINE_FD
+    )
+    return run_command(
+        spawn.argv,
+        cwd=cwd or sandbox,
+        env=spawn.env,
+        timeout=timeout,
+        output_limit=output_limit,
+        report=report,
+        sandboxed=containment.enabled,
+    )
 
 
 PR_SET_PDEATHSIG = 1
@@ -217,22 +257,23 @@ def _open_gate_and_wait(
     timeout: float,
     report: Callable[[ToolProcess], None],
 ) -> bool:
-    """Report, open the gate, wait; returns True on timeout. Always reaps the process."""
+    """Report, open the gate, wait; returns True on timeout. Always reaps the process.
+
+    The gate's pipe stays open until then: it is a sandboxed command's lifeline.
+    """
     try:
-        try:
-            process = identify(proc.pid)
-            if process is None:
-                raise OSError(f"process {proc.pid} vanished before it was recorded")
-            report(process)
-            os.write(gate_write, b"go\n")
-        finally:
-            os.close(gate_write)  # after "go", or instead of it: the gate exits unrun
+        process = identify(proc.pid)
+        if process is None:
+            raise OSError(f"process {proc.pid} vanished before it was recorded")
+        report(process)
+        os.write(gate_write, b"go\n")
         return not _wait_exited(proc, timeout)
     finally:
         # The leader has exited (or must die now) but is not reaped yet, so its pid
         # still names our group: killing the group cannot hit anyone else's.
         _killpg_quietly(proc.pid)
         proc.wait()
+        os.close(gate_write)
 
 
 def _wait_exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -54,7 +54,7 @@ from turnlog.application.tools.probes import (
     report_from,
     unknown,
 )
-from turnlog.application.tools.processes import run_command
+from turnlog.application.tools.processes import run_contained
 from turnlog.domain.turns import Effect
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -318,21 +318,16 @@ def run_python(
     """Run ``python_runner ARGS`` in the session's sandbox, as ``where`` (a tool or its
     prober: its containment, grant and import path) says."""
     argv = [sys.executable, "-m", "turnlog.application.tools.python_runner", *args]
-    spawn = where.containment.wrap(
+    return run_contained(
+        where.containment,
         argv,
         sandbox=context.sandbox,
-        env=env,
         grant=where.grant,
+        env=env,
         read_only=interpreter_paths(where.python_path),
-    )
-    return run_command(
-        spawn.argv,
-        cwd=context.sandbox,
-        env=spawn.env,
         timeout=timeout,
         output_limit=output_limit,
         report=report,
-        die_with_parent=where.containment.enabled,
     )
 
 

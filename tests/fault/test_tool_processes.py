@@ -11,7 +11,9 @@ abandoned — never another session's, never a process that merely reuses the pi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,10 +27,11 @@ import pytest
 from tests import deadlines
 from tests.conftest import ROOT, raw_events, turnlog_env
 from tests.deadlines import scaled
+from tests.integration.test_command_tools import running
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
-from turnlog.application.tools.processes import GATE_NAME, kill_group
+from turnlog.application.tools.processes import GATE_NAME, kill_group, proc_stat
 from turnlog.domain.turns import ToolProcess
 from turnlog.interface.bootstrap import build_runtime
 
@@ -170,6 +173,75 @@ def test_a_sandboxed_command_dies_with_its_killed_worker(
         assert call.state == "unknown"
     finally:
         runtime.close()
+
+
+# A worker that runs one sandboxed command the way tools do (gate, record, lifeline),
+# with many read-only paths: bwrap's child takes a while to mount them all.
+SPAWNER = """
+import sys
+from pathlib import Path
+from turnlog.application.tools.containment import Containment, Grant
+from turnlog.application.tools.processes import run_contained
+sandbox, marker, *paths = sys.argv[1:]
+run_contained(
+    Containment(), ["/bin/sh", "-c", "sleep " + marker], sandbox=Path(sandbox), grant=Grant(),
+    env={"PATH": "/usr/bin:/bin"}, read_only=[Path(p) for p in paths], timeout=3600,
+    output_limit=100, report=lambda process: None,
+)
+"""
+
+
+def test_a_worker_killed_while_its_sandbox_is_set_up_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    # bwrap's child asks to die with its parent only once set up: a worker killed before
+    # then left the child, and then the command, running with nobody to stop them.
+    sandbox = tmp_path / "sandboxes" / "setup" / "s"
+    sandbox.mkdir(parents=True)
+    paths = [tmp_path / "visible" / str(n) for n in range(400)]
+    for path in paths:
+        path.mkdir(parents=True)
+    marker = f"3600.{os.getpid()}"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER, str(sandbox), marker, *map(str, paths)], cwd=ROOT
+    )
+    try:
+        bwrap, child = deadlines.poll(lambda: bwrap_and_child(worker.pid), 60, "bwrap", 0)
+        os.kill(child, signal.SIGSTOP)  # held in its set-up: the window, held open
+        try:
+            assert not children(child), "caught too late: the child has started the command"
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=scaled(10))
+            poll(lambda: (proc_stat(bwrap) or (0, "X"))[1] in "ZX", "bwrap to die")
+            assert (proc_stat(child) or (0, "X"))[1] == "T"  # outlived its parent, stopped
+        finally:
+            os.kill(child, signal.SIGCONT)
+        poll(lambda: (proc_stat(child) or (0, "X"))[1] in "ZX", "bwrap's child to end")
+        assert not running(marker), "the command runs with nobody to record or stop it"
+    finally:
+        worker.kill()
+        worker.wait()
+        for pid in running(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in task.read_text().split()]
+    return found
+
+
+def bwrap_and_child(worker: int) -> tuple[int, int] | None:
+    """(the sandbox's outer bwrap, its child) under the worker, once there."""
+    for gate in children(worker):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{gate}/comm").read_text().strip() == "bwrap":
+                cloned = children(gate)
+                if cloned:
+                    return gate, cloned[0]
+    return None
 
 
 def test_an_orphaned_command_is_kept_until_its_turn_is_abandoned_then_its_group_is_killed(

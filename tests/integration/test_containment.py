@@ -353,3 +353,44 @@ def test_sandboxes_check_reports_what_the_sandbox_does_here(settings: Settings) 
     )
     off = check(TURNLOG_SANDBOX="off")
     assert off.returncode == 1 and json.loads(off.stdout)["ok"] is False
+
+
+def test_a_command_whose_spawner_is_gone_never_runs_and_never_sees_its_lifeline(
+    tmp_path: Path,
+) -> None:
+    # bwrap sets --die-with-parent in its child after cloning it: a spawner killed in
+    # between leaves that child running. Its last step reads the lifeline first.
+    assert check_host().ok, f"this host cannot sandbox: {check_host().reason}"
+    sandbox = tmp_path / "sandboxes" / "lifeline" / "s"
+    sandbox.mkdir(parents=True)
+
+    def run(spawner_alive: bool) -> tuple[int, str]:
+        lifeline, held = os.pipe()
+        spawn = Containment().wrap(
+            ["/bin/sh", "-c", "touch ran; ls /proc/$$/fd"],
+            sandbox=sandbox,
+            env={"PATH": "/usr/bin:/bin"},
+            lifeline=lifeline,
+        )
+        if not spawner_alive:
+            os.close(held)
+        try:
+            done = subprocess.run(
+                spawn.argv,
+                env=spawn.env,
+                pass_fds=(lifeline,),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(lifeline)
+            if spawner_alive:
+                os.close(held)
+        return done.returncode, done.stdout
+
+    assert run(spawner_alive=False) == (125, "")
+    assert not (sandbox / "ran").exists()
+    code, listed = run(spawner_alive=True)
+    assert code == 0 and (sandbox / "ran").exists()
+    assert listed.split() == ["0", "1", "2"]  # the lifeline is closed for the command
