@@ -62,7 +62,8 @@ def migration_statement(schema: str, events_table: str) -> sql.Composed:
 
 # Cross-joined into a statement, this makes its transaction's commit not wait for the
 # disk (``synchronous_commit`` off for that transaction only, as ``SET LOCAL`` would).
-_RIDING = sql.SQL(" CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS r")
+# The next commit that waits for the disk makes it durable too (the WAL is one sequence).
+RIDING = sql.SQL(" CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS rides")
 
 
 def insert_statement(schema: str, events_table: str, riding: bool = False) -> sql.Composed:
@@ -101,7 +102,7 @@ def insert_statement(schema: str, events_table: str, riding: bool = False) -> sq
         "  AND (%s::timestamptz IS NULL OR pg_postmaster_start_time() = %s::timestamptz)"
         " ORDER BY u.n"
         " RETURNING notification_id, pg_postmaster_start_time() AS epoch"
-    ).format(t=table(schema, events_table), riding=_RIDING if riding else sql.SQL(""))
+    ).format(t=table(schema, events_table), riding=RIDING if riding else sql.SQL(""))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ writes them). A request reads the rows of its window in one statement, as one
 JSON text, instead of replaying the turns' events.
 
 The rows are derived data: any one missing is rebuilt from the events (and
-written again), a row whose last version is not the turn's is not used, and a
+written again), so their commit does not wait for the disk (``chain.RIDING``:
+a crash of the database may lose the last rows written), a row whose last
+version is not the turn's is not used, and a
 purge drops them with the session's other rows (the table has a
 ``session_id`` column). A write holds a key-share lock on the session's latest
 event, so it cannot slip in after a purge has deleted the session's rows.
@@ -27,6 +29,8 @@ from eventsourcing.utils import strtobool
 from psycopg import sql
 
 from turnlog.application.store import logorder
+from turnlog.application.store.arrays import Integers, Texts
+from turnlog.application.store.chain import RIDING
 
 TABLE = "said_turns"
 UNDEFINED_TABLE = "42P01"
@@ -105,12 +109,13 @@ def write(
         " FOR KEY SHARE)"
         " INSERT INTO {t} (session_id, turn_id, first_version, ordinal, last_version, said)"
         " SELECT %s, r.* FROM unnest(%s::text[], %s::bigint[], %s::integer[], %s::bigint[],"
-        " %s::text[]) AS r WHERE EXISTS (SELECT 1 FROM held)"
+        " %s::text[]) AS r{riding} WHERE EXISTS (SELECT 1 FROM held)"
         " ON CONFLICT (session_id, turn_id) DO UPDATE SET first_version = excluded.first_version,"
         " ordinal = excluded.ordinal, last_version = excluded.last_version, said = excluded.said"
-    ).format(e=events, t=table(schema))
+    ).format(e=events, t=table(schema), riding=RIDING)
     rows = [(*r[:4], _said(*r)) for r in rows]
-    columns = [list(c) for c in zip(*rows, strict=True)]
+    ids, firsts, ordinals, lasts, said = zip(*rows, strict=True)
+    columns = [Texts(ids), Integers(firsts), Integers(ordinals), Integers(lasts), Texts(said)]
     try:
         with recorder.datastore.transaction(commit=True) as curs:
             curs.execute(statement, (session_id, latest_version, session_id, *columns))

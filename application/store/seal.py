@@ -26,6 +26,9 @@ snapshots were sealed have neither column (NULL): they keep loading, and
 signature: someone who can write the table can also recompute it. What
 proves a snapshot is the comparison ``audit --verify`` makes with a replay of
 the events up to its version (``projections.snapshot_audit``).
+
+Being a cache, a snapshot's commit does not wait for the disk (``chain.RIDING``):
+a crash of the database may lose it, and the next load replays from an older one.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from psycopg.sql import SQL, Composable, Composed, Identifier, Literal
 
 from turnlog.application.errors import SchemaNotReady
 from turnlog.application.store import finished_chunks
+from turnlog.application.store.arrays import Blobs, Integers, Texts, Uuids
+from turnlog.application.store.chain import RIDING
 from turnlog.application.store.logorder import table
 
 log = logging.getLogger("turnlog.snapshots")
@@ -209,8 +214,8 @@ class SnapshotRecorder(PostgresAggregateRecorder):
             " SELECT u.i, u.v, u.t, u.s, e.hash, sha256(coalesce(e.hash, ''::bytea)"
             "  || int8send(u.v) || convert_to(u.t, 'UTF8') || decode('00', 'hex') || u.s)"
             " FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::bytea[]) AS u(i, v, t, s)"
-            " LEFT JOIN {e} e ON e.originator_id = u.i AND e.originator_version = u.v"
-        ).format(s=table(schema, self.events_table_name), e=events)
+            " LEFT JOIN {e} e ON e.originator_id = u.i AND e.originator_version = u.v{riding}"
+        ).format(s=table(schema, self.events_table_name), e=events, riding=RIDING)
         self._select = select_statement(schema, self.events_table_name)
 
     def create_table(self) -> None:
@@ -276,10 +281,10 @@ class SnapshotRecorder(PostgresAggregateRecorder):
     @staticmethod
     def _params(stored_events: Sequence[StoredEvent]) -> tuple[list[Any], ...]:
         return (
-            [e.originator_id for e in stored_events],
-            [e.originator_version for e in stored_events],
-            [e.topic for e in stored_events],
-            [e.state for e in stored_events],
+            Uuids([e.originator_id for e in stored_events]),
+            Integers([e.originator_version for e in stored_events]),
+            Texts([e.topic for e in stored_events]),
+            Blobs([e.state for e in stored_events]),
         )
 
     @retry((PersistenceInterfaceError, PersistenceOperationalError), max_attempts=10, wait=0.2)
