@@ -197,8 +197,9 @@ def collector_paused() -> Iterator[None]:
     (a session's entries, a request's messages), so it then joins the oldest
     generation at once: ``gc.freeze`` and ``gc.unfreeze`` move every tracked
     object there and scan none, where the next allocation would start a young
-    collection scanning all of it. Cyclic garbage made meanwhile waits for the
-    next full collection.
+    collection scanning all of it (cyclic garbage made meanwhile waits for the
+    next full collection). Not in a process that froze its start-up
+    (``interface.bootstrap.tune_collector``): unfreezing would release that.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -206,8 +207,9 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
-            gc.freeze()
-            gc.unfreeze()
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
