@@ -24,7 +24,8 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain
+from functools import partial
+from itertools import chain, repeat
 from operator import lt
 from typing import Any, NamedTuple, Protocol
 
@@ -147,8 +148,14 @@ def _assembled(
 
 def _stored(rows: list[said_turns.SaidRow]) -> dict[str, Said]:
     """The turns read from the table, by turn id."""
-    said = turns_from_json([row[4] for row in rows])
-    return {r[0]: Said(r[1], r[2], r[3], m, True) for r, m in zip(rows, said, strict=True)}
+    if not rows:
+        return {}
+    ids, firsts, ordinals, lasts, messages = zip(*rows, strict=True)
+    said = zip(firsts, ordinals, lasts, turns_from_json(messages), repeat(True))
+    return dict(zip(ids, map(_said, said), strict=True))
+
+
+_said = partial(tuple.__new__, Said)  # from all its fields, as Said._make
 
 
 def _rendered(

@@ -241,7 +241,7 @@ def messages_from_json(rows: list[list[Any]]) -> tuple[Message, ...]:
     return tuple(map(_message, _completed(rows)))
 
 
-def turns_from_json(turns: list[list[list[Any]]]) -> list[tuple[Message, ...]]:
+def turns_from_json(turns: Sequence[list[list[Any]]]) -> list[tuple[Message, ...]]:
     """``messages_from_json`` of each turn's rows, all built in one pass."""
     built = messages_from_json(list(chain.from_iterable(turns)))
     out: list[tuple[Message, ...]] = []

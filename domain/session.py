@@ -46,6 +46,7 @@ from turnlog.domain.turns import (
     ToolProcess,
     Turn,
     TurnState,
+    entries_from_lists,
     require_text,
 )
 from turnlog.domain.values import check_storable, storable_text
@@ -80,7 +81,7 @@ class Session(Aggregate):
             session = super().mutate(_)
             # Stored as JSON lists: each entry is a FinishedEntry again.
             state = session.__dict__
-            state["finished"] = [FinishedEntry(*e) for e in state["finished"]]
+            state["finished"] = entries_from_lists(state["finished"])
             return session
 
     class Created(Aggregate.Created):

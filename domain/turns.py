@@ -6,10 +6,11 @@ JSON-friendly values so that snapshots can store them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from typing import Any, NamedTuple
 
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -228,6 +229,21 @@ class FinishedEntry(NamedTuple):
     first_version: int  # of its events (0: not known yet, upcast from a version-1 snapshot)
     last_version: int
     call_ids: list[str]
+
+
+def entries_from_lists(stored: Iterable[Sequence[Any]]) -> list[FinishedEntry]:
+    """The entries of a snapshot's stored lists, each made as ``FinishedEntry._make`` does.
+
+    Without a call per entry (a long session's snapshot holds thousands);
+    every list must hold the five fields.
+    """
+    entries = list(map(_entry, stored))
+    if set(map(len, entries)) - {len(FinishedEntry._fields)}:
+        raise ValueError("a finished-turn entry without its five fields")
+    return entries
+
+
+_entry = partial(tuple.__new__, FinishedEntry)
 
 
 @dataclass(frozen=True)

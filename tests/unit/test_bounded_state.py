@@ -19,7 +19,7 @@ from tests.unit.histories import WORKER, a_call, a_session
 from turnlog.application.sessions import Sessions
 from turnlog.domain import errors
 from turnlog.domain.session import Session
-from turnlog.domain.turns import Effect, FinishedTurn, TurnState
+from turnlog.domain.turns import Effect, FinishedEntry, FinishedTurn, TurnState, entries_from_lists
 
 KINDS = ("complete", "tool", "fail", "abandon", "resolve", "open")
 
@@ -126,3 +126,13 @@ def test_rules_about_finished_turns_still_hold_without_their_content() -> None:
     assert session.pending_events and all(
         not isinstance(e, Session.ModelReplied) for e in session.pending_events
     )
+
+
+def test_a_snapshot_entry_comes_back_as_stored_or_is_refused_without_its_five_fields() -> None:
+    stored = [["t1", "completed", 2, 8, ["c1"]], ["t2", "failed", 9, 12, []]]
+    entries = entries_from_lists(stored)
+    assert entries == [FinishedEntry(*e) for e in stored]
+    assert all(type(e) is FinishedEntry for e in entries)
+    for short_or_long in (["t1", "completed", 2, 8], ["t1", "completed", 2, 8, [], 0]):
+        with pytest.raises(ValueError):
+            entries_from_lists([short_or_long])
