@@ -66,6 +66,71 @@ def migration_statement(schema: str, events_table: str) -> sql.Composed:
 RIDING = sql.SQL(" CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS rides")
 
 
+# The most events of one stream a save inserts with ``stream_insert_statement``.
+STREAM_INSERT_MAX = 4
+
+
+def stream_insert_statement(
+    schema: str, events_table: str, count: int, riding: bool = False
+) -> sql.Composed:
+    """``insert_statement`` for ``count`` events of one stream at consecutive versions.
+
+    The same rows, hashes and refusals, from scalar parameters (``stream_params``)
+    and without the recursion: the hash of the event ``n`` after the first is
+    written out as ``n`` nested sha256 calls (``count`` is at most
+    ``STREAM_INSERT_MAX``). About 60 % of the general statement's time, for the
+    saves every turn makes.
+    """
+    if not 1 <= count <= STREAM_INSERT_MAX:
+        raise ValueError(f"a stream insert takes 1 to {STREAM_INSERT_MAX} events, not {count}")
+
+    def chained(n: int) -> str:
+        previous = "p.h0" if n == 0 else chained(n - 1)
+        return (
+            f"sha256({previous} || convert_to(%(t{n})s::text, 'UTF8')"
+            f" || decode('00', 'hex') || %(s{n})s::bytea)"
+        )
+
+    rows = ", ".join(f"({n}, %(t{n})s::text, %(s{n})s::bytea, {chained(n)})" for n in range(count))
+    return sql.SQL(
+        "WITH p AS (SELECT CASE WHEN %(v)s::bigint = 1 THEN ''::bytea ELSE e.hash END AS h0"
+        " FROM (SELECT 1) AS one LEFT JOIN {t} e"
+        "  ON e.originator_id = %(i)s::uuid AND e.originator_version = %(v)s::bigint - 1"
+        " WHERE %(v)s::bigint = 1 OR e.originator_id IS NOT NULL)"
+        " INSERT INTO {t} (originator_id, originator_version, topic, state, xact_id, hash)"
+        " SELECT %(i)s::uuid, %(v)s::bigint + r.n, r.t, r.s, pg_current_xact_id(), r.h"
+        " FROM p CROSS JOIN LATERAL (VALUES {rows}) AS r(n, t, s, h){riding}"
+        " WHERE %(e)s::timestamptz IS NULL OR pg_postmaster_start_time() = %(e)s::timestamptz"
+        " ORDER BY r.n"
+        " RETURNING notification_id, pg_postmaster_start_time() AS epoch"
+    ).format(
+        t=table(schema, events_table),
+        rows=sql.SQL(rows),  # built here from numbers only
+        riding=RIDING if riding else sql.SQL(""),
+    )
+
+
+def stream_params(
+    stream: Any, first: int, topics: Sequence[str], states: Sequence[bytes], epoch: Any
+) -> dict[str, Any]:
+    """``stream_insert_statement``'s parameters."""
+    params: dict[str, Any] = {"i": stream, "v": first, "e": epoch}
+    for n, (topic, state) in enumerate(zip(topics, states, strict=True)):
+        params[f"t{n}"] = topic
+        params[f"s{n}"] = state
+    return params
+
+
+def one_stream(ids: Sequence[Any], versions: Sequence[int]) -> bool:
+    """Whether a save's events are of one stream, at consecutive versions, and few enough."""
+    first = versions[0]
+    return (
+        len(ids) <= STREAM_INSERT_MAX
+        and all(i == ids[0] for i in ids)
+        and all(v == first + n for n, v in enumerate(versions))
+    )
+
+
 def insert_statement(schema: str, events_table: str, riding: bool = False) -> sql.Composed:
     """One statement: insert the events with their transaction id and their chained hash.
 

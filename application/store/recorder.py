@@ -361,6 +361,14 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         self._insert_riding = rendered(
             chain.insert_statement(schema, self.events_table_name, riding=True)
         )
+        # By (number of events, riding): one stream's save, the common case.
+        self._stream_inserts = {
+            (count, riding): rendered(
+                chain.stream_insert_statement(schema, self.events_table_name, count, riding)
+            )
+            for count in range(1, chain.STREAM_INSERT_MAX + 1)
+            for riding in (False, True)
+        }
         self.notifier = Notifier(self.datastore, self.channel_name)
         self.epoch = store_epoch.of(self.datastore)
         # The factory flushes it when the application closes (application/store/pool.py).
@@ -427,16 +435,23 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         # COMMIT ahead of its NOTIFY in one pipeline). Notified after it ended, also
         # when it failed (and then at once): a failed insert held the horizon back
         # while it ran, and readers waiting behind it should look again.
-        insert = self._insert_riding if kwargs.get(RIDES) else self._insert
+        riding = bool(kwargs.get(RIDES))
+        insert = self._insert_riding if riding else self._insert
+        values: tuple[Any, ...] | dict[str, Any] = params
+        if chain.one_stream(params[0], params[1]):
+            insert = self._stream_inserts[len(stored_events), riding]
+            values = chain.stream_params(
+                params[0][0], params[1][0], params[2], params[3], params[4]
+            )
         taken = self.notifier.take_now(params[2], params[0], params[1])
         stored = sent = False
         try:
             with self.datastore.get_connection() as conn, conn.cursor() as curs:
                 sent = True
                 if taken is None:
-                    curs.execute(insert, params, prepare=True)
+                    curs.execute(insert, values, prepare=True)
                 else:
-                    self._insert_notifying(conn, curs, insert, params, taken.payload)
+                    self._insert_notifying(conn, curs, insert, values, taken.payload)
                 rows = curs.fetchall()
             stored = bool(rows)
         except PersistenceOperationalError as exc:
@@ -465,7 +480,7 @@ class TurnlogRecorder(PostgresApplicationRecorder):
         conn: Connection[Any],
         curs: Cursor[Any],
         insert: bytes,
-        params: tuple[Any, ...],
+        params: tuple[Any, ...] | dict[str, Any],
         payload: str,
     ) -> None:
         """The insert in a transaction of its own, then its NOTIFY in another: one round trip.

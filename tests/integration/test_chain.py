@@ -164,3 +164,42 @@ def test_streams_stored_before_the_chain_are_unchained_until_chained_once(
     assert [r for r in states_after if r["notification_id"] in kept] == states_before
     again = turnlog(settings, "audit", "--chain-existing")
     assert again.returncode == 0 and "nothing to chain" in again.stdout
+
+
+def test_a_save_of_one_stream_stores_what_the_general_statement_stores(
+    settings: Settings, runtime: Runtime
+) -> None:
+    """The unrolled insert of one stream's events (the common save) against the recursive one:
+    the same rows and hashes, the same refusals (a gap, another epoch)."""
+    schema, events = settings.schema_name, "sessions_events"
+    saves = [[b"a"], [b"b", b"c"], [b"d", b"e", b"f"], [b"g", b"h", b"i", b"j"], [b"k"]]
+    general, stream = UUID(int=1), UUID(int=2)
+    with psycopg.connect(str(settings.database_url), autocommit=True) as conn:
+
+        def insert(stream_id: UUID, first: int, states: list[bytes], unrolled: bool) -> int:
+            topics = [f"t{first + n}" for n in range(len(states))]
+            if unrolled:
+                statement = chain.stream_insert_statement(schema, events, len(states))
+                params: Any = chain.stream_params(stream_id, first, topics, states, None)
+            else:
+                statement = chain.insert_statement(schema, events)
+                versions = list(range(first, first + len(states)))
+                params = ([stream_id] * len(states), versions, topics, states, None, None)
+            return len(conn.execute(statement, params).fetchall())
+
+        version = 1
+        for states in saves:
+            assert insert(general, version, states, unrolled=False) == len(states)
+            assert insert(stream, version, states, unrolled=True) == len(states)
+            version += len(states)
+        assert insert(stream, version + 1, [b"gap"], unrolled=True) == 0
+        other_epoch = chain.stream_params(stream, version, ["t"], [b"x"], "2000-01-01T00:00:00Z")
+        statement = chain.stream_insert_statement(schema, events, 1)
+        assert conn.execute(statement, other_epoch).fetchall() == []
+
+    def stored(stream_id: UUID) -> list[tuple[int, str, bytes, bytes | None]]:
+        return [(x.version, x.topic, x.state, x.hash) for x in links(settings, stream_id)]
+
+    assert stored(stream) == stored(general)
+    assert len(stored(stream)) == version - 1
+    assert not chain.check(links(settings, stream)).broken
