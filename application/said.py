@@ -19,16 +19,15 @@ the next one replays and writes.
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import chain, repeat
 from operator import lt
 from typing import Any, NamedTuple, Protocol
 
+from turnlog.application.collector import collector_paused
 from turnlog.application.store import said_turns, session_log
 from turnlog.domain.request import Message, messages_to_json, said_messages, turns_from_json
 from turnlog.domain.session import Session
@@ -192,32 +191,6 @@ def _write(app: Application, session: Session, known: dict[str, Said], ids: list
         said_turns.write(app.recorder, session.id, session.version, rows)
     except Exception:  # derived rows: the request stands without them
         log.warning("could not store the said turns of session %s", session.id, exc_info=True)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """No garbage collection while decoding: it would scan the process's every object often.
-
-    Building tens of thousands of messages triggers a collection every few
-    hundred allocations; in a process holding many objects, the full ones
-    among them cost more than the decoding itself. What was built lives on
-    (a session's entries, a request's messages), so it then joins the oldest
-    generation at once: ``gc.freeze`` and ``gc.unfreeze`` move every tracked
-    object there and scan none, where the next allocation would start a young
-    collection scanning all of it (cyclic garbage made meanwhile waits for the
-    next full collection). Not in a process that froze its start-up
-    (``interface.bootstrap.tune_collector``): unfreezing would release that.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if not gc.get_freeze_count():
-                gc.freeze()
-                gc.unfreeze()
-            gc.enable()
 
 
 def _fits(said: Said | None, entry: FinishedEntry) -> bool:

@@ -25,9 +25,10 @@ from eventsourcing.application import (
 from eventsourcing.persistence import IntegrityError, JSONTranscoder, Recording
 
 from turnlog.application import saving, snapshotting
+from turnlog.application.collector import collector_paused
 from turnlog.application.errors import ConcurrentModification, InvalidVersion, SessionNotFound
 from turnlog.application.news import NewsFeed
-from turnlog.application.said import collector_paused, said_before
+from turnlog.application.said import said_before
 from turnlog.application.session_cache import SessionCache
 from turnlog.application.store import epoch as store_epoch
 from turnlog.application.store import purges, said_turns, session_log, version_ranges

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from turnlog.application.collector import freeze_start_up
 from turnlog.application.errors import ConfigurationError
 from turnlog.application.execution.leases import LEASES_KEPT
 from turnlog.application.execution.loop import Executor
@@ -442,13 +443,12 @@ def _running(supervisor: ProjectionSupervisor | None) -> bool:
     return bool(runners) and all(r["state"] in ("active", "standby") for r in runners)
 
 
-# The collector's thresholds in a long-running process (serve, worker, projections
-# run). A turn allocates tens of thousands of short-lived objects (events, rows,
-# requests); with the defaults (a young collection every 700 allocations, and full
-# ones that rescan every module) collections took about a seventh of these
-# processes' CPU (serve --split at 16 clients, interleaved A/B: Python CPU per turn
-# 0.95x with these thresholds alone, 0.84x with the freeze too). Cycles are still
-# collected, in larger batches.
+# The collector's thresholds in a long-running process (serve, worker, projections run). A turn
+# allocates tens of thousands of short-lived objects (events, rows, requests); with the defaults
+# (a young collection every 700 allocations, and full ones that rescan every module) collections
+# took about a seventh of these processes' CPU (serve --split at 16 clients, interleaved A/B:
+# Python CPU per turn 0.95x with these thresholds alone, 0.84x with the freeze too). Cycles are
+# still collected, in larger batches.
 LONG_RUNNING_GC = (50_000, 20, 10)
 
 
@@ -458,7 +458,7 @@ def tune_collector() -> None:
     What start-up made is frozen (later collections skip it), and the young
     generation is collected every ``LONG_RUNNING_GC[0]`` allocations.
     """
-    gc.freeze()
+    freeze_start_up()
     gc.set_threshold(*LONG_RUNNING_GC)
 
 

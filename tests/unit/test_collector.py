@@ -28,8 +28,9 @@ def test_what_the_paused_collector_built_skips_young_collections_unless_start_up
     # paused, then a few more objects. No collection follows (what was built went to the
     # oldest generation), unless the process froze its start-up, which stays frozen.
     probe = (
-        "import gc, sys; from turnlog.application.said import collector_paused;"
-        "gc.freeze() if sys.argv[1] == 'frozen' else None; frozen = gc.get_freeze_count();"
+        "import gc, sys;"
+        "from turnlog.application.collector import collector_paused, freeze_start_up;"
+        "freeze_start_up() if sys.argv[1] == 'frozen' else None; frozen = gc.get_freeze_count();"
         "runs = []; gc.callbacks.append(lambda phase, info: runs.append(phase));"
         "cm = collector_paused(); cm.__enter__(); kept = [[] for _ in range(100_000)];"
         "cm.__exit__(None, None, None); more = [[] for _ in range(10)];"
