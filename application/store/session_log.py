@@ -12,6 +12,8 @@ from uuid import UUID
 
 from psycopg import sql
 
+from turnlog.application.store.chain import RIDING
+
 
 def _table(recorder: Any) -> sql.Composable:
     return sql.SQL("{}.{}").format(
@@ -25,12 +27,17 @@ def on_postgres(recorder: Any) -> bool:
 
 
 def prune(recorder: Any, session_id: UUID, keep: int) -> int:
-    """Delete a stream's rows of ``recorder``'s table but the latest ``keep``; returns how many."""
+    """Delete a stream's rows of ``recorder``'s table but the latest ``keep``; returns how many.
+
+    For a cache's rows (snapshots): the commit does not wait for the disk
+    (``chain.RIDING``); lost in a crash, the rows are pruned at the next snapshot.
+    """
     statement = sql.SQL(
-        "DELETE FROM {t} WHERE originator_id = %s AND originator_version < ("
+        "DELETE FROM {t} USING (SELECT 1) AS one{riding} WHERE originator_id = %s"
+        " AND originator_version < ("
         " SELECT min(originator_version) FROM (SELECT originator_version FROM {t}"
         " WHERE originator_id = %s ORDER BY originator_version DESC LIMIT %s) AS kept)"
-    ).format(t=_table(recorder))
+    ).format(t=_table(recorder), riding=RIDING)
     with recorder.datastore.transaction(commit=True) as curs:
         curs.execute(statement, (session_id, session_id, keep))
         return int(curs.rowcount or 0)

@@ -61,7 +61,7 @@ from tests.benchmarks.suite import (
     run_together,
     scratch_namespace,
 )
-from turnlog.application.store import said_turns
+from turnlog.application.store import said_turns, session_log
 from turnlog.application.store.lost_commits import RIDES
 from turnlog.application.store.recorder import Notifier, TurnlogRecorder
 from turnlog.application.store.seal import SnapshotRecorder
@@ -80,6 +80,7 @@ def install() -> None:
     insert = TurnlogRecorder.insert_events
     snapshot = SnapshotRecorder.insert_events
     write_said = said_turns.write
+    prune = session_log.prune
     send = Notifier._send
     take_now = Notifier.take_now
     exit_ = psycopg.Transaction.__exit__
@@ -113,6 +114,10 @@ def install() -> None:
             _count(CACHES)
         return written
 
+    def counted_prune(*args: Any) -> int:
+        _count(CACHES)
+        return prune(*args)
+
     def counted_send(self: Any, *args: Any) -> None:
         _count("notifications (NOTIFY commits, no flush)")
         send(self, *args)
@@ -132,6 +137,7 @@ def install() -> None:
     TurnlogRecorder.insert_events = counted_insert  # type: ignore[method-assign]
     SnapshotRecorder.insert_events = counted_snapshot  # type: ignore[method-assign]
     said_turns.write = counted_said
+    session_log.prune = counted_prune
     Notifier._send = counted_send  # type: ignore[method-assign]
     Notifier.take_now = counted_take_now  # type: ignore[method-assign]
     psycopg.Transaction.__exit__ = counted_exit  # type: ignore[method-assign]
@@ -170,7 +176,7 @@ class Cycle:
 
 NOTIFICATIONS = "notifications (NOTIFY commits, no flush)"
 RIDING = "saves riding (commit not waiting for the disk)"
-CACHES = "snapshots and said rows (commits not waiting for the disk)"
+CACHES = "snapshots, their pruning and said rows (commits not waiting for the disk)"
 WAL_SYNCS = "server: WAL flushes to disk (fsyncs)"
 SERVER_WRITES = "server: transactions given an id (writes and NOTIFYs)"
 DURABLE = "durable commits (server's writes less the NOTIFYs and riding commits)"
