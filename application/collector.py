@@ -7,6 +7,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+BULK = 10_000  # young objects from which a pause's end moves them to the oldest generation
+
 
 @contextmanager
 def collector_paused() -> Iterator[None]:
@@ -14,13 +16,15 @@ def collector_paused() -> Iterator[None]:
 
     Building tens of thousands of messages triggers a collection every few
     hundred allocations; in a process holding many objects, the full ones
-    among them cost more than the decoding itself. What was built lives on
-    (a session's entries, a request's messages), so it then joins the oldest
-    generation at once: ``gc.freeze`` and ``gc.unfreeze`` move every tracked
-    object there and scan none, where the next allocation would start a young
-    collection scanning all of it (cyclic garbage made meanwhile waits for the
-    next full collection). Not in a process that froze its start-up
-    (``freeze_start_up``): unfreezing would release that.
+    among them cost more than the decoding itself. What a cold load builds
+    lives on (a session's entries, a request's messages), so when the young
+    generation holds ``BULK`` objects or more it then joins the oldest one at
+    once: ``gc.freeze`` and ``gc.unfreeze`` move every tracked object there and
+    scan none, where the next allocation would start a young collection
+    scanning all of it (cyclic garbage made meanwhile waits for the next full
+    collection). Fewer are left to the young collections, and so is everything
+    in a process that froze its start-up (``freeze_start_up``): unfreezing
+    would release that.
     """
     enabled = gc.isenabled()
     gc.disable()
@@ -28,7 +32,7 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
-            if not _START_UP_FROZEN.is_set():
+            if gc.get_count()[0] >= BULK and not _START_UP_FROZEN.is_set():
                 gc.freeze()
                 gc.unfreeze()
             gc.enable()
