@@ -23,16 +23,17 @@ What a wrapped process gets (docs/containment.md says why each):
 - no network unless the tool is granted it: a granted tool shares the
   host's network namespace (every address the host reaches, loopback too);
 - only the environment the caller passes (the tools pass a minimal one);
-- limits (``prlimit``, applied inside, after the namespaces exist): CPU
-  seconds, address space, processes, file size, open files;
+- limits (``ulimit`` of the ``bash`` that starts the command, inside, after
+  the namespaces exist): CPU seconds, address space, processes, file size,
+  open files, each soft and hard;
 - no new privileges (bwrap sets PR_SET_NO_NEW_PRIVS) and death with its
   parent (``--die-with-parent``; the pid namespace dies with its first process);
 - a *lifeline* (``lifeline=FD``): the read end of a pipe whose write end only
   the spawning process holds. bwrap sets ``--die-with-parent`` in its child
   after cloning it; a parent killed in between leaves that child running with
-  no parent to die with. The check that ends the wrapped argv, the last step
-  before the command itself, refuses to run it (exit 125) when the pipe reads
-  end-of-file: the spawner is gone, so nothing is left to record or stop it.
+  no parent to die with. That ``bash``, the last step before the command
+  itself, refuses to run it (exit 125) when the pipe reads end-of-file: the
+  spawner is gone, so nothing is left to record or stop it.
 
 ``TURNLOG_SANDBOX=off`` (``Containment(enabled=False)``) runs commands as
 they are, and says so everywhere; it is never the default.
@@ -85,14 +86,12 @@ class Limits:
                     f"{name} must be a whole number of at least 1, not {value!r}"
                 )
 
-    def prlimit_args(self) -> list[str]:
-        return [
-            f"--cpu={self.cpu_seconds}",
-            f"--as={self.address_space_mb * MIB}",
-            f"--nproc={self.processes}",
-            f"--fsize={self.file_size_mb * MIB}",
-            f"--nofile={self.open_files}",
-        ]
+    def ulimit_args(self) -> str:
+        """The limits as ``ulimit`` options of a POSIX-mode bash (file size in 512-byte blocks)."""
+        return (
+            f"-t {self.cpu_seconds} -v {self.address_space_mb * 1024} -u {self.processes}"
+            f" -f {self.file_size_mb * 2048} -n {self.open_files}"
+        )
 
     def updated(self, options: Mapping[str, Any]) -> Limits:
         """These limits with some replaced; an unknown option or a bad value is refused."""
@@ -168,8 +167,7 @@ class Containment:
             mounts.read_only(Path(os.path.abspath(path)))
         args = [self.bwrap, *mounts.args(), *_namespaces(grant.network)]
         args += ["--die-with-parent", "--chdir", str(sandbox), "--"]
-        checked = [] if lifeline is None else _lifeline_check(lifeline)
-        inner = [_program("prlimit"), *grant.limits.prlimit_args(), "--", *checked, *argv]
+        inner = [*_starter(grant.limits, lifeline), *argv]
         if os.geteuid() == 0:
             uid = self.session_uid(sandbox.name)
             _hand_over(sandbox, uid)
@@ -200,16 +198,22 @@ def _program(name: str) -> str:
     return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or name
 
 
-def _lifeline_check(fd: int) -> list[str]:
-    """Run the rest unless ``fd`` reads end-of-file now; it is closed for the command.
+def _starter(limits: Limits, lifeline: int | None) -> list[str]:
+    """A bash that sets the limits, checks the lifeline, then becomes the command.
 
     ``read -t 0`` succeeds when input is there without reading it, end-of-file
-    included; the spawner never writes to the pipe, so success means it is gone.
+    included; the spawner never writes to the pipe, so success means it is
+    gone. The lifeline is closed for the command. POSIX mode reads no
+    ``BASH_ENV``. Exit 125: the command was not run.
     """
-    if not 2 < fd < 1024:
-        raise ValueError(f"a lifeline is a descriptor above 2, not {fd!r}")
-    script = f'read -t 0 -u {fd} && exit 125; exec {fd}<&- "$@"'
-    return [_program("bash"), "--posix", "-c", script, "turnlog-lifeline"]  # no BASH_ENV
+    script = f"ulimit {limits.ulimit_args()} || exit 125; "
+    if lifeline is not None:
+        if not 2 < lifeline < 1024:
+            raise ValueError(f"a lifeline is a descriptor above 2, not {lifeline!r}")
+        script += f"read -t 0 -u {lifeline} && exit 125; exec {lifeline}<&- "
+    else:
+        script += "exec "
+    return [_program("bash"), "--posix", "-c", script + '"$@"', "turnlog-sandbox"]
 
 
 def _namespaces(network: bool) -> list[str]:
@@ -341,7 +345,7 @@ echo "processes_limit $(awk '/Max processes/ {print $3}' /proc/self/limits)"
 
 
 def check_host(containment: Containment = Containment()) -> HostCheck:
-    """Try the sandbox once here: bwrap, setpriv and prlimit found, and a trial command run."""
+    """Try the sandbox once here: bwrap, setpriv and bash found, and a trial command run."""
     if not containment.enabled:
         return HostCheck(False, "the sandbox is off (TURNLOG_SANDBOX=off)", "")
     return _check_host(containment)
@@ -349,7 +353,7 @@ def check_host(containment: Containment = Containment()) -> HostCheck:
 
 @functools.cache
 def _check_host(containment: Containment) -> HostCheck:
-    helpers = (containment.bwrap, "prlimit", "setpriv", "bash")
+    helpers = (containment.bwrap, "setpriv", "bash")
     missing = [p for p in helpers if shutil.which(p) is None]
     if os.geteuid() != 0 and "setpriv" in missing:
         missing.remove("setpriv")

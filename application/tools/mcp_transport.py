@@ -111,7 +111,7 @@ def server_spawn(server: McpServer, lifeline: int) -> ServerSpawn:
     if not host.ok:
         log.warning("%s runs unconfined: no sandbox on this host (%s)", server, host.reason)
         return ServerSpawn(argv, env, server.cwd)
-    if shutil.which(argv[0], path=env.get("PATH")) is None:  # said here, not by prlimit inside
+    if shutil.which(argv[0], path=env.get("PATH")) is None:  # said here, not by bash inside
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
     home = Path(server.home)
     home.mkdir(parents=True, exist_ok=True)

@@ -158,8 +158,11 @@ def run_command(
     """Run ``argv`` (no shell involved) in its own process group, reporting it before it runs.
 
     ``sandboxed`` (``argv`` is ``Containment.wrap``'s, with ``lifeline=LIFELINE_FD``):
-    SIGKILL the process when this process's spawning thread ends, set before the
-    gate opens, and give it the gate's pipe as its lifeline.
+    give it the gate's pipe as its lifeline. bwrap dies with this thread once it
+    runs (``--die-with-parent``, set before its child may go on); a worker that
+    dies sooner leaves a gate that reads end-of-file, or a sandbox whose command
+    reads it on its lifeline: nothing runs. No ``preexec_fn``, which would make
+    every spawn a full fork of this process.
 
     If ``report`` raises, the command never runs and the exception propagates.
     Whatever the command leaves behind in its process group is killed when it
@@ -178,7 +181,6 @@ def run_command(
                 cwd=cwd,
                 env=dict(env),
                 start_new_session=True,
-                preexec_fn=die_with(os.getpid()) if sandboxed else None,
             )
         except BaseException:
             os.close(gate_write)

@@ -1,7 +1,7 @@
 """Figure 13: what the sandbox costs a trivial command call (p50, with vs without).
 
 The ``shell`` tool runs ``true`` in a session's sandbox, the calls with the
-sandbox (bubblewrap, setpriv or a user namespace, prlimit) interleaved with
+sandbox (bubblewrap, setpriv or a user namespace, bash setting the limits) interleaved with
 unconfined ones (``TURNLOG_SANDBOX=off``) so that the machine's load falls on
 both alike. The whole tool call is timed: the gate, the record callback, the
 spawn, the wait and the reading of its output.
