@@ -74,29 +74,33 @@ class Runtime:
         the session, the submission is refused as a turn in progress; if the
         previous owner died, its turn is recovered before anything new starts.
         """
-        self.sessions.get_session(session_id)  # not found → refused before any lock
-
-        def submit() -> Submitted:
-            return self.sessions.submit_turn(
+        lease = self.leases.try_acquire(session_id)
+        if lease is None:
+            submitted = self.sessions.submit_turn(
                 session_id,
                 message,
                 idempotency_key,
                 enqueue=enqueue,
                 deadline_seconds=deadline_seconds,
             )
-
-        lease = self.leases.try_acquire(session_id)
-        if lease is None:
-            submitted = submit()
             return Sent(
                 submitted, self.sessions.turn_record(session_id, submitted.turn_id)[1], None
             )
         with lease:
-            recovered = self.drive(session_id, lease)
-            submitted = submit()
-            self.drive(session_id, lease)
-            turn = self.sessions.turn_record(session_id, submitted.turn_id)[1]
-            return Sent(submitted, turn, recovered[0] if recovered else None)
+            recovered = self.drive(session_id, lease)  # a session not found is refused here
+            # The submission and its claim in one save, when the turn may start now.
+            submitted, ran = self.executor.submit_and_run(
+                session_id,
+                message,
+                idempotency_key,
+                lease=lease,
+                enqueue=enqueue,
+                deadline_seconds=deadline_seconds,
+            )
+            self.drive(session_id, lease)  # what it left open, or queued behind it
+            if ran is None or ran.state.is_open:
+                ran = self.sessions.turn_record(session_id, submitted.turn_id)[1]
+            return Sent(submitted, ran, recovered[0] if recovered else None)
 
     def drive(
         self,

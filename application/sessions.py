@@ -380,6 +380,7 @@ class Sessions(Application[UUID]):
         enqueue: bool = False,
         deadline_seconds: float | None = None,
         traceparent: str = "",
+        then: Callable[[Session, Turn | FinishedTurn, bool], None] | None = None,
     ) -> Submitted:
         """Queue a user message as a new turn (or return the turn its key created).
 
@@ -387,6 +388,8 @@ class Sessions(Application[UUID]):
         ``deadline_seconds``: when the runtime cancels it; None takes the
         session's default, then ``default_deadline_seconds`` (None: no deadline).
         The absolute deadline is computed here and stored in the event.
+        ``then``: more to record in the same save, given the session, the turn
+        and whether it was created (a claim: ``Executor.submit_and_run``).
         """
         if deadline_seconds is not None:
             check_deadline(deadline_seconds)
@@ -394,7 +397,7 @@ class Sessions(Application[UUID]):
         def submit(s: Session) -> tuple[Turn | FinishedTurn, bool]:
             seconds = deadline_seconds or s.deadline_seconds or self.default_deadline_seconds
             deadline_at = deadline_after(datetime.now(UTC), seconds)
-            return s.submit_turn(
+            turn, created = s.submit_turn(
                 message,
                 idempotency_key,
                 enqueue=enqueue,
@@ -402,6 +405,9 @@ class Sessions(Application[UUID]):
                 traceparent=traceparent,
                 idempotency_window=self.idempotency_window,
             )
+            if then is not None:
+                then(s, turn, created)
+            return turn, created
 
         # A follow-up is submitted while a worker writes the turn ahead of it:
         # losing a race to those writes is expected, so it re-decides a few times.

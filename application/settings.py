@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     )
     durability: Literal["by_class", "every_step"] = Field(
         default="by_class",
-        description="`by_class`: a claim rides on the next flush and a safe call's outcome"
+        description="`by_class`: a worker's claim rides on the next flush and a safe call's outcome"
         " goes with the turn's next save (lost, the step runs again: docs/durability.md);"
         " `every_step`: every save waits for the disk.",
     )

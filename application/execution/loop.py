@@ -29,14 +29,14 @@ from turnlog.application.log_context import bound
 from turnlog.application.observer import Observer, Unobserved, cancel_kind
 from turnlog.application.providers.port import ModelReply, ProviderError, ProviderRegistry
 from turnlog.application.providers.reply_deltas import DeltaHub
-from turnlog.application.sessions import Sessions
+from turnlog.application.sessions import Sessions, Submitted
 from turnlog.application.tools.port import ToolRegistry
 from turnlog.application.tools.probes import owner_identity
 from turnlog.application.tracing import Tracer, Untraced, usage_attributes
 from turnlog.domain import errors as domain_errors
 from turnlog.domain.progress import Action, next_step
 from turnlog.domain.session import Session
-from turnlog.domain.turns import Effect, ToolCall, Turn, TurnState
+from turnlog.domain.turns import Effect, FinishedTurn, ToolCall, Turn, TurnState
 
 log = logging.getLogger("turnlog.execution")
 
@@ -99,6 +99,60 @@ class Executor(ToolStep):
         (claim, session), _ = self.sessions.update(
             session_id, lambda s: (s.claim_turn(turn_id, self.worker_id), s), current=current
         )
+        return self._run_claimed(session, turn_id, claim, lease, stop)
+
+    def submit_and_run(
+        self,
+        session_id: UUID,
+        message: str,
+        idempotency_key: str = "",
+        *,
+        lease: LeaseCheck | None = None,
+        stop: threading.Event | None = None,
+        enqueue: bool = False,
+        deadline_seconds: float | None = None,
+    ) -> tuple[Submitted, Turn | None]:
+        """Submit a message and run its turn here, the submission and the claim in one save.
+
+        For a caller that runs what it submits (``Runtime.send``, holding the
+        session's lease): one save fewer than ``submit_turn`` then ``run_turn``.
+        The save is durable, as every submission's is. A turn that cannot
+        start at once (queued behind another, or the turn an idempotency key
+        already made) is submitted only, and the turn returned is None: the
+        caller drives the session as after any submission.
+        """
+        lease = lease or Unleased()
+        lease.check()
+        claimed: list[tuple[int, Session]] = []
+
+        def claim(s: Session, turn: Turn | FinishedTurn, created: bool) -> None:
+            claimed.clear()  # decided again after a conflict
+            if created and s.open_turn is turn:
+                claimed.append((s.claim_turn(turn.turn_id, self.worker_id), s))
+
+        submitted = self.sessions.submit_turn(
+            session_id,
+            message,
+            idempotency_key,
+            enqueue=enqueue,
+            deadline_seconds=deadline_seconds,
+            then=claim,
+        )
+        if not claimed:
+            return submitted, None
+        number, session = claimed[0]
+        with bound(session_id=session_id, turn_id=submitted.turn_id, worker_id=self.worker_id):
+            return submitted, self._run_claimed(session, submitted.turn_id, number, lease, stop)
+
+    def _run_claimed(
+        self,
+        session: Session,
+        turn_id: str,
+        claim: int,
+        lease: LeaseCheck,
+        stop: threading.Event | None,
+    ) -> Turn:
+        session_id = session.id
         self.observer.turn_claimed(claim)
         log.info("claimed turn (claim %d)", claim)
         # A lock dropped with its connection while we live is taken back, and

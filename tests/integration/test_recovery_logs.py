@@ -76,7 +76,9 @@ def test_starting_a_queued_turn_is_no_recovery_at_info(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="turnlog")
     sid = runtime.sessions.create_session(title="plain").session_id
-    runtime.send(sid, "hello")  # a queued turn, started: nothing was recovered
+    runtime.send(sid, "hello")  # submitted and claimed in one save: nothing to decide
+    runtime.sessions.submit_turn(sid, "again")
+    runtime.continue_session(sid)  # a queued turn, started: nothing was recovered
     said = [r for r in caplog.records if r.getMessage().startswith("recovery:")]
     assert [(r.levelno, r.getMessage()) for r in said] == [(logging.DEBUG, "recovery: start")]
 

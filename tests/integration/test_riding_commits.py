@@ -23,8 +23,14 @@ from turnlog.projections.view import Fold, fold_together
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)  # no server started then
 
 
-def saves_of_a_turn(runtime: Runtime, message: str) -> list[tuple[list[str], bool]]:
-    """Each save of one turn through the application: its topics' names, and whether it rode."""
+def saves_of_a_turn(
+    runtime: Runtime, message: str, sent: bool = False
+) -> list[tuple[list[str], bool]]:
+    """Each save of one turn through the application: its topics' names, and whether it rode.
+
+    ``sent``: through ``Runtime.send`` (submitted and run here); otherwise
+    submitted, then run as a worker runs what someone else submitted.
+    """
     recorder: Any = runtime.sessions.recorder
     real = recorder.insert_events
     seen: list[tuple[list[str], bool]] = []
@@ -37,8 +43,11 @@ def saves_of_a_turn(runtime: Runtime, message: str) -> list[tuple[list[str], boo
     try:
         sid = runtime.sessions.create_session(tools=["echo", "append_file"]).session_id
         seen.clear()
-        submitted = runtime.sessions.submit_turn(sid, message)
-        turn = runtime.executor.run_turn(sid, submitted.turn_id)
+        if sent:
+            turn = runtime.send(sid, message).turn
+        else:
+            submitted = runtime.sessions.submit_turn(sid, message)
+            turn = runtime.executor.run_turn(sid, submitted.turn_id)
         assert turn.state == "completed", turn
     finally:
         del recorder.insert_events
@@ -55,6 +64,15 @@ def test_a_turn_with_a_read_only_call_saves_four_times_and_lets_the_claim_ride(
         # The reply asking for the tool and the call's intent: one durable save.
         (["ModelReplied", "ToolCallStarted"], False),
         # The read-only outcome is held and goes with the turn's next save.
+        (["ToolCallSucceeded", "ModelReplied", "TurnCompleted"], False),
+    ]
+
+
+def test_a_turn_sent_here_saves_its_claim_with_the_submission(runtime: Runtime) -> None:
+    saves = saves_of_a_turn(runtime, '/tool echo {"text": "hi"}', sent=True)
+    assert saves == [
+        (["TurnSubmitted", "TurnClaimed"], False),  # durable, as a submission is
+        (["ModelReplied", "ToolCallStarted"], False),
         (["ToolCallSucceeded", "ModelReplied", "TurnCompleted"], False),
     ]
 
