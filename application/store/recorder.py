@@ -55,7 +55,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -191,7 +191,7 @@ class Notifier:
         self._channel = channel
         self.statement = rendered(SQL("SELECT pg_notify(%s, %s)"))  # (channel, payload)
         # The log's topic vocabulary (store.topics): which saves may wait, which hint what.
-        self.deferrable: frozenset[str] = topics.STEP_TOPICS
+        self.deferrable: Callable[[Sequence[str]], bool] = topics.deferrable
         self.marks: dict[str, str] = dict(topics.HINT_MARKS)
         self._hints: dict[UUID, Hint] = {}  # for the next notification
         # Names this process in its payloads: its own follower tells them from
@@ -261,7 +261,7 @@ class Notifier:
         self.notify()
 
     def _deferrable(self, topics: Sequence[str]) -> bool:
-        return bool(topics) and all(t in self.deferrable for t in topics)
+        return self.deferrable(topics)
 
     def _marked(
         self, topics: Sequence[str], ids: Sequence[UUID | str], versions: Sequence[int]

@@ -7,6 +7,8 @@ of a topic: the recorder reads it here itself, and the news feed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from turnlog.domain.session import Session
 
 # The middle steps of a running turn. Nobody in another process waits for one
@@ -25,6 +27,21 @@ STEP_TOPICS = frozenset(
         Session.ToolCallFailed,
     )
 )
+
+_SUBMITTED = frozenset({Session.TurnSubmitted.TOPIC})
+
+
+def deferrable(topics: Sequence[str]) -> bool:
+    """Whether a save of events of ``topics`` is a middle step of a running turn (see above).
+
+    So is a submission claimed in its own save (``Executor.submit_and_run``): its
+    submitter runs the turn, and no other process has anything to take from it.
+    """
+    rest = set(topics) - STEP_TOPICS
+    return bool(topics) and (
+        not rest or (rest == _SUBMITTED and Session.TurnClaimed.TOPIC in topics)
+    )
+
 
 # Events after which a session may have a turn for a worker to take.
 WORK_TOPICS = frozenset(

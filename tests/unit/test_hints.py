@@ -14,6 +14,7 @@ from turnlog.application.store.topics import (
     STEP_TOPICS,
     WORK_MARK,
     WORK_TOPICS,
+    deferrable,
 )
 from turnlog.domain.session import Session
 
@@ -63,3 +64,14 @@ def test_work_and_turn_ends_are_marked_and_a_turn_s_middle_steps_are_not() -> No
     assert HINT_MARKS[Session.TurnCancelled.TOPIC] == WORK_MARK + ENDING_MARK
     assert set(HINT_MARKS) == WORK_TOPICS | ENDING_TOPICS
     assert not set(HINT_MARKS) & STEP_TOPICS  # deferred saves carry no news
+
+
+def test_a_submission_waits_for_its_notification_only_when_claimed_in_its_own_save() -> None:
+    submitted, claimed = Session.TurnSubmitted.TOPIC, Session.TurnClaimed.TOPIC
+    replied, completed = Session.ModelReplied.TOPIC, Session.TurnCompleted.TOPIC
+    assert deferrable([claimed]) and deferrable([replied, Session.ToolCallStarted.TOPIC])
+    assert deferrable([submitted, claimed])  # its submitter runs it: no news for others
+    assert not deferrable([submitted])  # a worker waits for it
+    assert not deferrable([replied, completed])  # a turn's end: waited on
+    assert not deferrable([submitted, claimed, replied, completed])
+    assert not deferrable([])
