@@ -144,23 +144,28 @@ def figure_1(db: Database, cfg: Config) -> Figure:
     bench_turns.library_setup(db, lib_schema)
     per_turn: list[list[float]] = []
     library: list[float] = []
+    paths: dict[str, list[float]] = {"sent": [], "worker": []}
 
     def ours() -> float:
         per_turn.append(timed_turns(db.conninfo, namespace, turns))
         return turns / sum(per_turn[-1])
 
-    def raw_then_library() -> float:
+    def raw_then_others() -> float:
         rate = turns / bench_turns.raw_turns(db.conninfo, raw_schema, turns)
         library.append(turns / bench_turns.library_turns(db.conninfo, lib_schema, turns))
+        for path, turn in (("sent", bench_turns.sent_turn), ("worker", bench_turns.worker_turn)):
+            seconds = bench_turns.turnlog_turns(db.conninfo, namespace, turns, turn=turn)
+            paths[path].append(turns / seconds)
         return rate
 
     try:
-        mine, raw = interleave(max(cfg.repeat, 5), ours, raw_then_library)
+        mine, raw = interleave(max(cfg.repeat, 5), ours, raw_then_others)
     finally:
         drop_schema(db, schema_name(namespace))
         drop_schema(db, raw_schema)
         drop_schema(db, lib_schema)
     t, b, lib = Stat(mine, "turns/s"), Stat(raw, "turns/s"), Stat(library, "turns/s")
+    sent, worker = Stat(paths["sent"], "turns/s"), Stat(paths["worker"], "turns/s")
     cfg.shared["turns_1"] = t.median
     ratio = ratio_of(t, b)
     ceiling = ratio_of(lib, b)
@@ -183,12 +188,32 @@ def figure_1(db: Database, cfg: Config) -> Figure:
                 None,
             ),
             Row("1d", "turnlog over the library alone", t, lib, ratio_of(t, lib), "report", None),
+            Row(
+                "1e",
+                "`Runtime.send` (`turnlog sessions send`: the session's lease held, recovery"
+                " first)",
+                sent,
+                b,
+                ratio_of(sent, b),
+                "report",
+                None,
+            ),
+            Row(
+                "1f",
+                "submitted, then claimed in a save of its own (a worker's path: 4 saves)",
+                worker,
+                b,
+                ratio_of(worker, b),
+                "report",
+                None,
+            ),
         ],
         how=(
             f"One process drives {turns} turns in one new session through the application API"
-            " (`sessions.submit_turn` + `executor.run_turn`; 7 events in 4 saves per turn:"
-            " submitted | claimed (rides) | model reply + tool started | tool succeeded + model"
-            " reply + completed, docs/durability.md), after one warm-up turn; the runtime"
+            " (`executor.submit_and_run`, the turn submitted and run here as `Runtime.send`"
+            " runs it; 7 events in 3 saves per turn: submitted + claimed | model reply + tool"
+            " started | tool succeeded + model reply + completed, docs/durability.md), after"
+            " one warm-up turn; the runtime"
             " is built outside the timing. Baseline: raw psycopg on one connection, one INSERT"
             " per event (rows of the same sizes), one transaction per step, 6 commits per"
             " turn, each waiting for the disk. Runs alternate turnlog/baseline. A turn's cost"
@@ -198,7 +223,12 @@ def figure_1(db: Database, cfg: Config) -> Figure:
             " turnlog code: a bare aggregate, one `Application.save` per step of the"
             " baseline, the same events and sizes, on the library's PostgreSQL recorder. What"
             " it reaches against raw psycopg bounds any runtime built on the library that"
-            " saves every step alone; row 1d is turnlog against that."
+            " saves every step alone; row 1d is turnlog against that. Rows 1e and 1f run"
+            " between the baseline's runs, each in a new session of the same namespace:"
+            " 1e through `Runtime.send`, which also takes and gives back the session's lease,"
+            " reads the session for a turn to recover before and for a follow-up after, and"
+            " checks the lease before the claim and around the tool call (7 more round"
+            " trips); 1f as a worker runs a turn another process submitted."
         ),
         details={
             "turns_per_run": turns,

@@ -57,15 +57,22 @@ def drop_schema(db: Database, schema: str) -> None:
 # --------------------------------------------------------------- turnlog
 
 
-def turnlog_turns(db_conninfo: str, namespace: str, turns: int, barrier: Any = None) -> float:
-    """Run ``turns`` turns in one new session; returns the elapsed seconds."""
+def turnlog_turns(
+    db_conninfo: str,
+    namespace: str,
+    turns: int,
+    barrier: Any = None,
+    turn: Callable[[Any, uuid.UUID], None] | None = None,
+) -> float:
+    """Run ``turns`` turns (``run_turn`` unless told) in one new session; the elapsed seconds."""
     from turnlog.interface.bootstrap import build_runtime
 
     db = Database(params=dict(psycopg.conninfo.conninfo_to_dict(db_conninfo)), embedded=False)
     rt = build_runtime(bench_settings(db, namespace))
+    one = turn or run_turn
     try:
         session_id = rt.sessions.create_session(tools=["echo"]).session_id
-        return timed(lambda: run_turn(rt, session_id), turns, barrier)
+        return timed(lambda: one(rt, session_id), turns, barrier)
     finally:
         rt.close()
 
@@ -82,6 +89,19 @@ def timed(turn: Callable[[], None], turns: int, barrier: Any = None) -> float:
 
 
 def run_turn(rt: Any, session_id: uuid.UUID) -> None:
+    """One turn in process: submitted and run here, the claim in the submission's save."""
+    _, turn = rt.executor.submit_and_run(session_id, TOOL_MESSAGE)
+    assert turn is not None and turn.state == "completed", turn
+
+
+def sent_turn(rt: Any, session_id: uuid.UUID) -> None:
+    """One turn as ``turnlog sessions send`` runs it: ``Runtime.send``, holding the lease."""
+    sent = rt.send(session_id, TOOL_MESSAGE)
+    assert sent.turn.state == "completed", sent.turn
+
+
+def worker_turn(rt: Any, session_id: uuid.UUID) -> None:
+    """One turn submitted, then claimed in a save of its own, as a worker runs another's."""
     submitted = rt.sessions.submit_turn(session_id, TOOL_MESSAGE)
     turn = rt.executor.run_turn(session_id, submitted.turn_id)
     assert turn.state == "completed", turn
