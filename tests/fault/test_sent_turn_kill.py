@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
-from tests.conftest import raw_events, spawn_turnlog, turnlog
-from tests.deadlines import fault_window, scaled
-from tests.fault.test_unfinished_tool_call import new_session, show, wait_for_topic
+from tests.conftest import raw_events, turnlog
+from tests.deadlines import fault_window
+from tests.fault.test_unfinished_tool_call import kill_mid_tool, new_session, show
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
 
@@ -21,13 +18,8 @@ def test_a_turn_claimed_with_its_submission_is_resumed_by_the_next_send(
 ) -> None:
     session_id = new_session(settings)
     # The model step lasts long enough for the kill to land inside it.
-    proc = spawn_turnlog(settings, "sessions", "send", session_id, f"/slow {fault_window(3)} hello")
-    try:
-        wait_for_topic(database, settings.namespace, "TurnClaimed")
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=scaled(10))
-    assert proc.returncode == -signal.SIGKILL
+    slow = f"/slow {fault_window(3)} hello"
+    kill_mid_tool(settings, database, session_id, slow, topic="TurnClaimed")
     stored = [r[3].split(".")[2] for r in raw_events(database, settings.namespace, session_id)]
     assert stored == ["SessionStarted", "TurnSubmitted", "TurnClaimed"]  # the one save, whole
 

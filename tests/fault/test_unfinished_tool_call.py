@@ -31,11 +31,17 @@ def wait_for_topic(
     deadlines.poll(stored, deadline, f"{topic} recorded")
 
 
-def kill_mid_tool(settings: Settings, database: Database, session_id: str, tool_call: str) -> None:
-    """Send a tool-calling message in a new process and SIGKILL it once the call started."""
+def kill_mid_tool(
+    settings: Settings,
+    database: Database,
+    session_id: str,
+    tool_call: str,
+    topic: str = "ToolCallStarted",
+) -> None:
+    """Send a message in a new process; SIGKILL it once ``topic`` is stored (the call started)."""
     proc = spawn_turnlog(settings, "sessions", "send", session_id, tool_call)
     try:
-        wait_for_topic(database, settings.namespace, "ToolCallStarted")
+        wait_for_topic(database, settings.namespace, topic)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=scaled(10))
