@@ -127,7 +127,7 @@ def _assembled(
     cold = not known or len(need) > WRITE_EVERY
     read = bool(need) and cold and session_log.on_postgres(app.recorder)
     if read:
-        known.update(_stored(said_turns.read(app.recorder, session.id, *_span(need))))
+        known.update(_read(app, session, need))
         need = _unfit(known, need)
     if need:
         known.update(_rendered(app, session, need))
@@ -143,6 +143,25 @@ def _assembled(
     if not _in_order(order):
         order = sorted(order, key=lambda e: (e.first_version, known[e.turn_id].ordinal))
     return tuple(chain.from_iterable([known[e.turn_id].messages for e in order]))
+
+
+def _read(app: Application, session: Session, need: Sequence[FinishedEntry]) -> dict[str, Said]:
+    """The turns of ``need`` the table holds; none when its rows do not decode.
+
+    The rows are derived: one of the wrong shape (written by hand, say) must
+    not stop a turn. The turns are rendered from their events instead, and
+    their rows written again.
+    """
+    try:
+        return _stored(said_turns.read(app.recorder, session.id, *_span(need)))
+    except (TypeError, ValueError, IndexError, KeyError) as exc:
+        log.warning(
+            "the said rows of session %s do not decode (%s); its turns are rendered from"
+            " their events and written again",
+            session.id,
+            type(exc).__name__,
+        )
+        return {}
 
 
 def _stored(rows: list[said_turns.SaidRow]) -> dict[str, Said]:

@@ -12,7 +12,8 @@ JSON text, instead of replaying the turns' events.
 The rows are derived data: any one missing is rebuilt from the events (and
 written again), so their commit does not wait for the disk (``chain.RIDING``:
 a crash of the database may lose the last rows written), a row whose last
-version is not the turn's is not used, and a
+version is not the turn's is not used, nor are rows that do not decode
+(``application.said``), and a
 purge drops them with the session's other rows (the table has a
 ``session_id`` column). A write holds a key-share lock on the session's latest
 event, so it cannot slip in after a purge has deleted the session's rows.

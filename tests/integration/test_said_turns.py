@@ -204,6 +204,41 @@ def test_a_row_that_does_not_fit_its_turn_is_rebuilt_and_a_missing_table_is_a_mi
     assert check(app, settings, database, s.id) == expected
 
 
+@pytest.mark.parametrize(
+    "said",
+    [
+        "'not json'",  # not JSON at all
+        "'[1, 2]'",  # a row of the wrong length
+        "json_build_array(turn_id, first_version, ordinal, last_version, '[[\"user\"]]'::json)",
+        "json_build_array(turn_id, first_version, ordinal, last_version,"
+        ' \'[["user", "x", [], "", "", 6, 7]]\'::json)',
+        "json_build_array(turn_id, first_version, ordinal, last_version, '[\"user\"]'::json)",
+    ],
+    ids=["not-json", "short-row", "one-field-message", "seven-field-message", "text-message"],
+)
+def test_rows_that_do_not_decode_are_rendered_from_the_events_and_written_again(
+    app: Sessions,
+    settings: Settings,
+    database: Any,
+    said: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    s = Session.start(title="hand-written rows", tools=["echo"])
+    for n in range(3):
+        tool_turn(s, n)
+    app.save(s)
+    expected = check(app, settings, database, s.id)  # the rows are stored
+    table = sql.SQL("{}.said_turns").format(sql.Identifier(settings.schema_name))
+    with psycopg.connect(database.conninfo, autocommit=True) as conn:
+        conn.execute(sql.SQL("UPDATE {} SET said = " + said + "::text").format(table))
+    with caplog.at_level("WARNING", logger="turnlog.sessions"):
+        assert check(app, settings, database, s.id) == expected
+    assert any("do not decode" in r.getMessage() for r in caplog.records)
+    with psycopg.connect(database.conninfo, autocommit=True) as conn:
+        saved = conn.execute(sql.SQL("SELECT said FROM {}").format(table)).fetchall()
+    assert len(saved) == 3 and all(json.loads(row[0])[4] for row in saved)  # written again
+
+
 def test_a_process_running_turns_reads_the_table_once_and_writes_in_batches(
     app: Sessions, settings: Settings, database: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
