@@ -130,19 +130,20 @@ class Executor(ToolStep):
             if created and s.open_turn is turn:
                 claimed.append((s.claim_turn(turn.turn_id, self.worker_id), s))
 
-        submitted = self.sessions.submit_turn(
-            session_id,
-            message,
-            idempotency_key,
-            enqueue=enqueue,
-            deadline_seconds=deadline_seconds,
-            then=claim,
-        )
-        if not claimed:
-            return submitted, None
-        number, session = claimed[0]
-        with bound(session_id=session_id, turn_id=submitted.turn_id, worker_id=self.worker_id):
-            return submitted, self._run_claimed(session, submitted.turn_id, number, lease, stop)
+        with bound(session_id=session_id, worker_id=self.worker_id):
+            submitted = self.sessions.submit_turn(
+                session_id,
+                message,
+                idempotency_key,
+                enqueue=enqueue,
+                deadline_seconds=deadline_seconds,
+                then=claim,
+            )
+            if not claimed:
+                return submitted, None
+            number, session = claimed[0]
+            with bound(turn_id=submitted.turn_id):
+                return submitted, self._run_claimed(session, submitted.turn_id, number, lease, stop)
 
     def _run_claimed(
         self,

@@ -21,7 +21,9 @@ takes neither:
   held back until then (``Notifier.take_now``). Otherwise, and while the
   notifier's thread is sending one, the thread sends it, coalescing a burst
   of saves into one ``NOTIFY``; a save of a turn's middle steps only
-  (``store.topics.STEP_TOPICS``) waits up to ``DEFER`` there for the next one.
+  (``store.topics.deferrable``: also a submission claimed in its own save,
+  whose notification carries no hint) waits up to ``DEFER`` there for the
+  next one.
   Notifications go on the namespace's own channel. Their payload names the sessions
   whose saves since the last one hold news somebody waits for (a turn to
   take, a turn's end: ``Hint``), so a listener can act on them before it
@@ -175,15 +177,17 @@ def log_channel(recorder: object) -> str:
 class Notifier:
     """Sends ``NOTIFY channel`` after commits; a burst coalesces into one.
 
-    A save is notified at once, unless every event it holds has a topic of
-    ``deferrable``: then within ``DEFER`` seconds, or with the next save
+    A save is notified at once, unless ``deferrable`` says it is a middle step
+    of a running turn: then within ``DEFER`` seconds, or with the next save
     notified at once, whichever comes first. At once means in the save's own
     round trip (``take_now``), or from this notifier's thread while that is
-    sending one (the thread also sends the deferred ones). One notification covers every
-    commit before it, so the steps of a turn in between its submission and its
-    end cost no notification of their own while turns keep ending. Its payload
-    holds a ``Hint`` for each session whose saves since the last notification
-    hold an event of a topic in ``marks`` (topic -> letter).
+    sending one (the thread also sends the deferred ones). One notification
+    covers every commit before it, so the steps of a turn in between its
+    submission and its end cost no notification of their own while turns
+    keep ending. Its payload holds a ``Hint`` for each session whose saves
+    since the last notification hold an event of a topic in ``marks`` (topic
+    -> letter), but for a submission claimed in its own save (``unhinted``:
+    no work in it for anyone else).
     """
 
     def __init__(self, datastore: PostgresDatastore, channel: str) -> None:
@@ -192,6 +196,7 @@ class Notifier:
         self.statement = rendered(SQL("SELECT pg_notify(%s, %s)"))  # (channel, payload)
         # The log's topic vocabulary (store.topics): which saves may wait, which hint what.
         self.deferrable: Callable[[Sequence[str]], bool] = topics.deferrable
+        self.unhinted: Callable[[Sequence[str]], bool] = topics.claimed_submission
         self.marks: dict[str, str] = dict(topics.HINT_MARKS)
         self._hints: dict[UUID, Hint] = {}  # for the next notification
         # Names this process in its payloads: its own follower tells them from
@@ -219,10 +224,11 @@ class Notifier:
         """
         now = time.monotonic()
         due = now + self.defer if self._deferrable(topics) else now
+        marked = [] if self.unhinted(topics) else self._marked(topics, ids, versions)
         with self._cond:
             if self._closed:
                 return
-            _merge(self._hints, self._marked(topics, ids, versions))
+            _merge(self._hints, marked)
             if self._due is None or due < self._due:
                 self._due = due
                 self._cond.notify()

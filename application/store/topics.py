@@ -31,16 +31,19 @@ STEP_TOPICS = frozenset(
 _SUBMITTED = frozenset({Session.TurnSubmitted.TOPIC})
 
 
-def deferrable(topics: Sequence[str]) -> bool:
-    """Whether a save of events of ``topics`` is a middle step of a running turn (see above).
+def claimed_submission(topics: Sequence[str]) -> bool:
+    """Whether a save is a submission claimed in its own save (``Executor.submit_and_run``).
 
-    So is a submission claimed in its own save (``Executor.submit_and_run``): its
-    submitter runs the turn, and no other process has anything to take from it.
+    Its submitter runs the turn: no other process has anything to take from
+    it, so it is a middle step (``deferrable``) and its notification carries
+    no hint of work.
     """
-    rest = set(topics) - STEP_TOPICS
-    return bool(topics) and (
-        not rest or (rest == _SUBMITTED and Session.TurnClaimed.TOPIC in topics)
-    )
+    return set(topics) - STEP_TOPICS == _SUBMITTED and Session.TurnClaimed.TOPIC in topics
+
+
+def deferrable(topics: Sequence[str]) -> bool:
+    """Whether a save of events of ``topics`` is a middle step of a running turn (see above)."""
+    return bool(topics) and (set(topics) <= STEP_TOPICS or claimed_submission(topics))
 
 
 # Events after which a session may have a turn for a worker to take.

@@ -210,10 +210,11 @@ def figure_1(db: Database, cfg: Config) -> Figure:
         ],
         how=(
             f"One process drives {turns} turns in one new session through the application API"
-            " (`executor.submit_and_run`, the turn submitted and run here as `Runtime.send`"
-            " runs it; 7 events in 3 saves per turn: submitted + claimed | model reply + tool"
-            " started | tool succeeded + model reply + completed, docs/durability.md), after"
-            " one warm-up turn; the runtime"
+            " (`executor.submit_and_run`: the turn submitted and run in this process, the"
+            " executor's part of `Runtime.send` without its lease and reads, row 1e; 7 events"
+            " in 3 saves per turn: submitted + claimed | model reply + tool started | tool"
+            " succeeded + model reply + completed, docs/durability.md), after one warm-up"
+            " turn; the runtime"
             " is built outside the timing. Baseline: raw psycopg on one connection, one INSERT"
             " per event (rows of the same sizes), one transaction per step, 6 commits per"
             " turn, each waiting for the disk. Runs alternate turnlog/baseline. A turn's cost"

@@ -89,7 +89,7 @@ def timed(turn: Callable[[], None], turns: int, barrier: Any = None) -> float:
 
 
 def run_turn(rt: Any, session_id: uuid.UUID) -> None:
-    """One turn in process: submitted and run here, the claim in the submission's save."""
+    """One turn submitted and run here, the claim in the submission's save (no lease)."""
     _, turn = rt.executor.submit_and_run(session_id, TOOL_MESSAGE)
     assert turn is not None and turn.state == "completed", turn
 

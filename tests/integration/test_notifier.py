@@ -59,6 +59,28 @@ def test_a_submitted_turn_is_notified_in_its_save_s_round_trip_with_the_news_hel
         _hints_until(other, Hint(sid, WORK_MARK, submitted.version))
 
 
+def test_a_turn_its_submitter_runs_is_notified_once_at_its_end_with_no_work_hint(
+    runtime: Runtime,
+) -> None:
+    notifier = runtime.sessions.recorder.notifier  # type: ignore[attr-defined]
+    sid = runtime.sessions.create_session(title="sent").session_id
+    poll(lambda: notifier.due_in is None, scaled(10), "earlier notifications to go out")
+    notifier.defer = 3600.0  # a deferred save's notification waits for the turn's end
+    with _listen(runtime) as other:
+        sent = notifier.sent
+        submitted, turn = runtime.executor.submit_and_run(sid, "hello")
+        assert turn is not None and turn.state == "completed"
+        assert notifier.sent == sent + 1 and notifier.due_in is None  # the end's, in its save
+        seen = _hints_until(other, Hint(sid, ENDING_MARK, turn_version(runtime, sid)))
+    # The submission and its claim hold no turn for a worker to take: no work hint.
+    assert [h for h in seen if h.session_id == sid] == [Hint(sid, ENDING_MARK, seen[-1].version)]
+    assert submitted.created
+
+
+def turn_version(runtime: Runtime, session_id: Any) -> int:
+    return runtime.sessions.get_session(session_id).version
+
+
 def test_a_refused_save_gives_the_news_it_carried_back_and_its_connection_stays_usable(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from uuid import uuid4
+
 import pytest
 
 from tests.conftest import raw_events
-from turnlog.application.errors import LeaseLost
+from turnlog.application.errors import LeaseLost, SessionNotFound
 from turnlog.application.runtime import Runtime
 from turnlog.application.settings import Settings
 from turnlog.application.store.database import Database
@@ -73,3 +75,12 @@ def test_a_refused_submission_writes_nothing(
     with pytest.raises(LeaseLost):
         runtime.executor.submit_and_run(sid, "third", enqueue=True, lease=Lost())
     assert topics(database, settings, sid) == before
+
+
+def test_a_message_to_an_unknown_session_is_refused_and_leaves_no_lease(runtime: Runtime) -> None:
+    unknown = uuid4()
+    with pytest.raises(SessionNotFound):
+        runtime.send(unknown, "hello")
+    lease = runtime.leases.try_acquire(unknown)  # given back on the way out
+    assert lease is not None
+    lease.release()

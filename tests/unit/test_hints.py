@@ -14,6 +14,7 @@ from turnlog.application.store.topics import (
     STEP_TOPICS,
     WORK_MARK,
     WORK_TOPICS,
+    claimed_submission,
     deferrable,
 )
 from turnlog.domain.session import Session
@@ -75,3 +76,7 @@ def test_a_submission_waits_for_its_notification_only_when_claimed_in_its_own_sa
     assert not deferrable([replied, completed])  # a turn's end: waited on
     assert not deferrable([submitted, claimed, replied, completed])
     assert not deferrable([])
+    # …and carries no hint: there is no turn in it for a worker to take.
+    assert claimed_submission([submitted, claimed])
+    assert not claimed_submission([submitted]) and not claimed_submission([claimed])
+    assert not claimed_submission([submitted, claimed, replied, completed])
