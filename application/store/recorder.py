@@ -223,7 +223,7 @@ class Notifier:
         sessions and versions: the notification's hints.
         """
         now = time.monotonic()
-        due = now + self.defer if self._deferrable(topics) else now
+        due = now + self.defer if self.deferrable(topics) else now
         marked = [] if self.unhinted(topics) else self._marked(topics, ids, versions)
         with self._cond:
             if self._closed:
@@ -248,7 +248,7 @@ class Notifier:
         pending, and nothing stays due. None: the saver calls ``notify``
         after its commit. A save that fails gives it back (``give_back``).
         """
-        if self._deferrable(topics):
+        if self.deferrable(topics):
             return None
         marked = self._marked(topics, ids, versions)
         with self._cond:
@@ -265,9 +265,6 @@ class Notifier:
         with self._cond:
             _merge(self._hints, list(taken.pending.values()))
         self.notify()
-
-    def _deferrable(self, topics: Sequence[str]) -> bool:
-        return self.deferrable(topics)
 
     def _marked(
         self, topics: Sequence[str], ids: Sequence[UUID | str], versions: Sequence[int]
