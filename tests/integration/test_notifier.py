@@ -71,14 +71,11 @@ def test_a_turn_its_submitter_runs_is_notified_once_at_its_end_with_no_work_hint
         submitted, turn = runtime.executor.submit_and_run(sid, "hello")
         assert turn is not None and turn.state == "completed"
         assert notifier.sent == sent + 1 and notifier.due_in is None  # the end's, in its save
-        seen = _hints_until(other, Hint(sid, ENDING_MARK, turn_version(runtime, sid)))
+        end = Hint(sid, ENDING_MARK, runtime.sessions.get_session(sid).version)
+        seen = _hints_until(other, end)
     # The submission and its claim hold no turn for a worker to take: no work hint.
-    assert [h for h in seen if h.session_id == sid] == [Hint(sid, ENDING_MARK, seen[-1].version)]
+    assert [h for h in seen if h.session_id == sid] == [end]
     assert submitted.created
-
-
-def turn_version(runtime: Runtime, session_id: Any) -> int:
-    return runtime.sessions.get_session(session_id).version
 
 
 def test_a_refused_save_gives_the_news_it_carried_back_and_its_connection_stays_usable(
